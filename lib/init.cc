@@ -1,0 +1,126 @@
+// The library's constructor: resolves the real functions, reads the
+// configuration once (nginx wipes its workers' environment, so it must be
+// read here, before the server forks), opens the zone and installs the
+// Governor. Any failure leaves g_governor null: the host runs unpaced.
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/base/attributes.h"
+#include "absl/status/status.h"
+#include "lib/preload.h"
+#include "lib/real.h"
+#include "src/config.h"
+#include "src/fd_table.h"
+#include "src/governor.h"
+#include "src/log.h"
+#include "src/zone.h"
+
+namespace trafficrate {
+
+ABSL_CONST_INIT std::atomic<Governor*> g_governor{nullptr};
+ABSL_CONST_INIT thread_local bool t_in_library = false;
+
+namespace {
+
+constexpr int kMinFdTable = 65536;
+constexpr int kMaxFdTable = 1 << 21;
+
+ABSL_CONST_INIT pthread_once_t g_once = PTHREAD_ONCE_INIT;
+ABSL_CONST_INIT Logger g_logger;
+
+void ChildAfterFork() {
+  if (Governor* gov = g_governor.load(std::memory_order_acquire)) {
+    gov->AfterForkChild();
+  }
+}
+
+// Entries for every fd the process may open: the hard limit, which a root
+// master may still raise the soft limit to for its workers.
+int FdTableCapacity() {
+  rlimit limit{};
+  rlim_t n = kMinFdTable;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) n = limit.rlim_max;
+  if (n == RLIM_INFINITY || n > static_cast<rlim_t>(kMaxFdTable)) {
+    n = kMaxFdTable;
+  }
+  if (n < static_cast<rlim_t>(kMinFdTable)) n = kMinFdTable;
+  return static_cast<int>(n);
+}
+
+// One line, then pass-through (or exit in strict mode).
+void Fail(const Logger& logger, const absl::Status& status, bool strict) {
+  const std::string text(status.message());
+  logger.Logf(
+      "%s; %s", text.c_str(),
+      strict ? "exiting (TRAFFICRATE_STRICT=1)" : "the server runs unpaced");
+  if (strict) _exit(1);
+}
+
+void ConfigureLog(const Config& config) {
+  if (config.log != LogTarget::kFile) {
+    g_logger.Configure(config.log, -1);
+    return;
+  }
+  const int fd = open(config.log_path.c_str(),
+                      O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    g_logger.Logf("TRAFFICRATE_LOG: cannot open %s (%s); logging to stderr",
+                  config.log_path.c_str(), strerror(errno));
+    return;
+  }
+  g_logger.Configure(LogTarget::kFile, fd);
+}
+
+void Initialize() {
+  ResolveRealFunctions();
+  // Start-up errors go to stderr: the operator must see them, whatever
+  // TRAFFICRATE_LOG says (it may be the bad variable itself).
+  bool strict = false;
+  if (const char* value = getenv(kEnvStrict)) {
+    absl::StatusOr<bool> parsed = ParseStrict(value);
+    strict = parsed.ok() && *parsed;
+  }
+  absl::StatusOr<Config> config =
+      ParseConfig([](const char* name) -> const char* { return getenv(name); });
+  if (!config.ok()) return Fail(g_logger, config.status(), strict);
+  if (!config->enabled) return;
+  ConfigureLog(*config);
+  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::OpenOrCreate(
+      config->zone_name, config->zone_size_bytes, config->rate_bytes_per_sec);
+  if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
+  FdTable* table = FdTable::Create(FdTableCapacity());
+  if (table == nullptr) {
+    return Fail(g_logger,
+                absl::ResourceExhaustedError("cannot map the fd table"),
+                strict);
+  }
+  GovernorOptions options;
+  options.key = config->key;
+  options.idle_ns = config->idle_ns;
+  // Never destroyed: host threads may still send while the process exits.
+  auto* gov = new Governor(zone->release(), table, &g_logger, options);
+  pthread_atfork(nullptr, nullptr, &ChildAfterFork);
+  g_governor.store(gov, std::memory_order_release);
+}
+
+void InitializeOnce() {
+  t_in_library = true;  // our own calls (dlsym, shm_open) go straight through
+  Initialize();
+  t_in_library = false;
+}
+
+__attribute__((constructor)) void TrafficrateConstructor() {
+  EnsureInitialized();
+}
+
+}  // namespace
+
+void EnsureInitialized() { pthread_once(&g_once, &InitializeOnce); }
+
+}  // namespace trafficrate

@@ -1,0 +1,284 @@
+// The interposed libc functions. Each one reads: guard -> (library code) ->
+// real call -> (library code). Library code runs flagged against re-entry
+// with errno saved around it, so the caller sees exactly what the real call
+// returned and set. With the library off (TRAFFICRATE_RATE unset, bad
+// configuration, no zone) g_governor is null and every call goes straight
+// to libc.
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdarg>
+
+#include "lib/preload.h"
+#include "lib/real.h"
+#include "src/governor.h"
+
+#define TRAFFICRATE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace trafficrate {
+namespace {
+
+inline Governor* ActiveGovernor() {
+  return t_in_library ? nullptr : g_governor.load(std::memory_order_acquire);
+}
+
+// Runs library code for one interposed call.
+template <typename Body>
+inline void AsLibrary(Governor* gov, Body body) {
+  const int saved_errno = errno;
+  t_in_library = true;
+  body(*gov);
+  t_in_library = false;
+  errno = saved_errno;
+}
+
+// A send on fd: the share is applied before the data is queued, so that not
+// even the first write of a connection goes out unpaced.
+template <typename Call>
+inline auto Send(int fd, Call call) {
+  Governor* gov = ActiveGovernor();
+  if (gov == nullptr) return call();
+  AsLibrary(gov, [fd](Governor& g) { g.BeforeSend(fd); });
+  const auto sent = call();
+  AsLibrary(gov, [fd, sent](Governor& g) { g.AfterSend(fd, sent); });
+  return sent;
+}
+
+int AfterAccept(int fd, const sockaddr* addr, const socklen_t* len,
+                socklen_t capacity) {
+  Governor* gov = fd >= 0 ? ActiveGovernor() : nullptr;
+  if (gov == nullptr) return fd;
+  const socklen_t peer_len =
+      addr != nullptr && len != nullptr && *len < capacity ? *len : capacity;
+  AsLibrary(gov, [&](Governor& g) {
+    g.OnAccept(fd, addr != nullptr ? addr : nullptr, peer_len);
+  });
+  return fd;
+}
+
+int AfterDup(int oldfd, int newfd) {
+  Governor* gov = newfd >= 0 ? ActiveGovernor() : nullptr;
+  if (gov != nullptr) {
+    AsLibrary(gov, [&](Governor& g) { g.OnDup(oldfd, newfd); });
+  }
+  return newfd;
+}
+
+// dup2/dup3: newfd's socket (if governed) is released only if the call
+// really replaced it; while it runs, the watcher cannot touch newfd.
+template <typename Call>
+int Replace(int oldfd, int newfd, Call call) {
+  Governor* gov = oldfd != newfd ? ActiveGovernor() : nullptr;
+  if (gov == nullptr) return call();
+  uint64_t detached = 0;
+  AsLibrary(gov, [&](Governor& g) { detached = g.Detach(newfd); });
+  const int r = call();
+  AsLibrary(gov, [&](Governor& g) {
+    if (r >= 0) {
+      g.ReleaseDetached(detached);
+      g.OnDup(oldfd, newfd);
+    } else {
+      g.Reattach(newfd, detached);
+    }
+  });
+  return r;
+}
+
+void BeforeCloseRange(unsigned int first, unsigned int last) {
+  if (Governor* gov = ActiveGovernor()) {
+    AsLibrary(gov, [&](Governor& g) { g.OnCloseRange(first, last); });
+  }
+}
+
+}  // namespace
+}  // namespace trafficrate
+
+using trafficrate::g_real;
+
+TRAFFICRATE_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
+  const socklen_t capacity = addr != nullptr && len != nullptr ? *len : 0;
+  const int r = g_real.accept ? g_real.accept(fd, addr, len)
+                              : syscall(SYS_accept, fd, addr, len);
+  return trafficrate::AfterAccept(r, addr, len, capacity);
+}
+
+TRAFFICRATE_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len,
+                               int flags) {
+  const socklen_t capacity = addr != nullptr && len != nullptr ? *len : 0;
+  const int r = g_real.accept4 ? g_real.accept4(fd, addr, len, flags)
+                               : syscall(SYS_accept4, fd, addr, len, flags);
+  return trafficrate::AfterAccept(r, addr, len, capacity);
+}
+
+TRAFFICRATE_EXPORT int close(int fd) {
+  if (trafficrate::Governor* gov = trafficrate::ActiveGovernor()) {
+    trafficrate::AsLibrary(gov, [fd](trafficrate::Governor& g) {
+      g.ReleaseDetached(g.Detach(fd));
+    });
+  }
+  return g_real.close ? g_real.close(fd) : syscall(SYS_close, fd);
+}
+
+TRAFFICRATE_EXPORT int close_range(unsigned int first, unsigned int last,
+                                   int flags) {
+  if ((flags & CLOSE_RANGE_CLOEXEC) == 0) {
+    trafficrate::BeforeCloseRange(first, last);
+  }
+  return g_real.close_range ? g_real.close_range(first, last, flags)
+                            : syscall(SYS_close_range, first, last, flags);
+}
+
+TRAFFICRATE_EXPORT void closefrom(int lowfd) {
+  if (lowfd >= 0) trafficrate::BeforeCloseRange(lowfd, UINT_MAX);
+  if (g_real.closefrom) {
+    g_real.closefrom(lowfd);
+  } else {
+    syscall(SYS_close_range, lowfd, UINT_MAX, 0);
+  }
+}
+
+TRAFFICRATE_EXPORT int dup(int fd) {
+  const int r = g_real.dup ? g_real.dup(fd) : syscall(SYS_dup, fd);
+  return trafficrate::AfterDup(fd, r);
+}
+
+TRAFFICRATE_EXPORT int dup2(int oldfd, int newfd) {
+  return trafficrate::Replace(oldfd, newfd, [&]() -> int {
+    return g_real.dup2 ? g_real.dup2(oldfd, newfd)
+                       : syscall(SYS_dup2, oldfd, newfd);
+  });
+}
+
+TRAFFICRATE_EXPORT int dup3(int oldfd, int newfd, int flags) {
+  return trafficrate::Replace(oldfd, newfd, [&]() -> int {
+    return g_real.dup3 ? g_real.dup3(oldfd, newfd, flags)
+                       : syscall(SYS_dup3, oldfd, newfd, flags);
+  });
+}
+
+namespace trafficrate {
+namespace {
+
+// fcntl's third argument is an int or a pointer depending on cmd; both are
+// passed in the same register class, so forwarding it as a pointer is what
+// glibc's own wrapper does.
+int Fcntl(int (*real)(int, int, ...), int fd, int cmd, void* arg) {
+  const int r = real ? real(fd, cmd, arg) : syscall(SYS_fcntl, fd, cmd, arg);
+  if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) return AfterDup(fd, r);
+  return r;
+}
+
+}  // namespace
+}  // namespace trafficrate
+
+TRAFFICRATE_EXPORT int fcntl(int fd, int cmd, ...) {
+  va_list args;
+  va_start(args, cmd);
+  void* arg = va_arg(args, void*);
+  va_end(args);
+  return trafficrate::Fcntl(g_real.fcntl, fd, cmd, arg);
+}
+
+TRAFFICRATE_EXPORT int fcntl64(int fd, int cmd, ...) {
+  va_list args;
+  va_start(args, cmd);
+  void* arg = va_arg(args, void*);
+  va_end(args);
+  return trafficrate::Fcntl(g_real.fcntl64 ? g_real.fcntl64 : g_real.fcntl, fd,
+                            cmd, arg);
+}
+
+TRAFFICRATE_EXPORT ssize_t write(int fd, const void* buf, size_t count) {
+  return trafficrate::Send(fd, [&]() -> ssize_t {
+    return g_real.write ? g_real.write(fd, buf, count)
+                        : syscall(SYS_write, fd, buf, count);
+  });
+}
+
+TRAFFICRATE_EXPORT ssize_t writev(int fd, const iovec* iov, int iovcnt) {
+  return trafficrate::Send(fd, [&]() -> ssize_t {
+    return g_real.writev ? g_real.writev(fd, iov, iovcnt)
+                         : syscall(SYS_writev, fd, iov, iovcnt);
+  });
+}
+
+TRAFFICRATE_EXPORT ssize_t send(int fd, const void* buf, size_t len,
+                                int flags) {
+  return trafficrate::Send(fd, [&]() -> ssize_t {
+    return g_real.send ? g_real.send(fd, buf, len, flags)
+                       : syscall(SYS_sendto, fd, buf, len, flags, nullptr, 0);
+  });
+}
+
+TRAFFICRATE_EXPORT ssize_t sendto(int fd, const void* buf, size_t len,
+                                  int flags, const sockaddr* addr,
+                                  socklen_t addr_len) {
+  return trafficrate::Send(fd, [&]() -> ssize_t {
+    return g_real.sendto
+               ? g_real.sendto(fd, buf, len, flags, addr, addr_len)
+               : syscall(SYS_sendto, fd, buf, len, flags, addr, addr_len);
+  });
+}
+
+TRAFFICRATE_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
+  return trafficrate::Send(fd, [&]() -> ssize_t {
+    return g_real.sendmsg ? g_real.sendmsg(fd, msg, flags)
+                          : syscall(SYS_sendmsg, fd, msg, flags);
+  });
+}
+
+TRAFFICRATE_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
+                                int flags) {
+  trafficrate::Governor* gov = trafficrate::ActiveGovernor();
+  auto call = [&]() -> int {
+    return g_real.sendmmsg ? g_real.sendmmsg(fd, msgs, vlen, flags)
+                           : syscall(SYS_sendmmsg, fd, msgs, vlen, flags);
+  };
+  if (gov == nullptr) return call();
+  trafficrate::AsLibrary(gov,
+                         [fd](trafficrate::Governor& g) { g.BeforeSend(fd); });
+  const int sent = call();
+  trafficrate::AsLibrary(gov, [&](trafficrate::Governor& g) {
+    ssize_t bytes = 0;
+    for (int i = 0; i < sent; ++i) bytes += msgs[i].msg_len;
+    g.AfterSend(fd, bytes);
+  });
+  return sent;
+}
+
+TRAFFICRATE_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset,
+                                    size_t count) {
+  return trafficrate::Send(out_fd, [&]() -> ssize_t {
+    return g_real.sendfile
+               ? g_real.sendfile(out_fd, in_fd, offset, count)
+               : syscall(SYS_sendfile, out_fd, in_fd, offset, count);
+  });
+}
+
+TRAFFICRATE_EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset,
+                                      size_t count) {
+  return trafficrate::Send(out_fd, [&]() -> ssize_t {
+    return g_real.sendfile64
+               ? g_real.sendfile64(out_fd, in_fd, offset, count)
+               : syscall(SYS_sendfile, out_fd, in_fd, offset, count);
+  });
+}
+
+TRAFFICRATE_EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out,
+                                  loff_t* off_out, size_t len,
+                                  unsigned int flags) {
+  return trafficrate::Send(fd_out, [&]() -> ssize_t {
+    return g_real.splice
+               ? g_real.splice(fd_in, off_in, fd_out, off_out, len, flags)
+               : syscall(SYS_splice, fd_in, off_in, fd_out, off_out, len,
+                         flags);
+  });
+}

@@ -1,0 +1,26 @@
+// State shared by the interposers and the library's constructor.
+
+#ifndef TRAFFICRATE_LIB_PRELOAD_H_
+#define TRAFFICRATE_LIB_PRELOAD_H_
+
+#include <atomic>
+
+namespace trafficrate {
+
+class Governor;
+
+// Null unless the library is configured and its zone is open. Set once by
+// the constructor; never destroyed.
+extern std::atomic<Governor*> g_governor;
+
+// "Inside trafficrate" on this thread: a nested entry (our own code, or a
+// signal handler that interrupted us) goes straight to the real function.
+extern thread_local bool t_in_library
+    __attribute__((tls_model("initial-exec")));
+
+// Runs the library's initialization once (also from the constructor).
+void EnsureInitialized();
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_LIB_PRELOAD_H_

@@ -1,0 +1,32 @@
+// Monotonic time in nanoseconds, the one clock the core and the library use.
+
+#ifndef TRAFFICRATE_SRC_CLOCK_H_
+#define TRAFFICRATE_SRC_CLOCK_H_
+
+#include <time.h>
+
+#include <cstdint>
+
+namespace trafficrate {
+
+inline constexpr int64_t kNsPerMs = 1'000'000;
+inline constexpr int64_t kNsPerSec = 1'000'000'000;
+
+// Hot path: vDSO clock_gettime, no system call, errno untouched on success.
+inline int64_t MonotonicNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * kNsPerSec + ts.tv_nsec;
+}
+
+// Sleeps for ns (not resumed after a signal: callers loop on a deadline).
+inline void SleepNs(int64_t ns) {
+  if (ns <= 0) return;
+  const timespec ts{static_cast<time_t>(ns / kNsPerSec),
+                    static_cast<long>(ns % kNsPerSec)};
+  nanosleep(&ts, nullptr);
+}
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_CLOCK_H_

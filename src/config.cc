@@ -1,0 +1,114 @@
+#include "src/config.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "src/key.h"
+#include "src/status_macros.h"
+#include "src/units.h"
+
+namespace trafficrate {
+namespace {
+
+// Well below NAME_MAX (255) once "/trafficrate." is prepended, and short
+// enough to show in `trafficrate stat` columns.
+constexpr size_t kMaxZoneNameBytes = 64;
+
+constexpr char kStrictForm[] = "use 0 or 1";
+constexpr char kLogForm[] = "use stderr, syslog, off or an absolute file path";
+constexpr char kZoneForm[] =
+    "use 1 to 64 characters from A-Z a-z 0-9 _ . - not starting with '.'";
+
+absl::Status VariableError(absl::string_view name, absl::string_view value,
+                           absl::string_view problem, absl::string_view form) {
+  return absl::InvalidArgumentError(
+      value.empty() ? absl::StrCat(name, ": empty; ", form)
+                    : absl::StrCat(name, ": ", QuoteForMessage(value), " ",
+                                   problem, "; ", form));
+}
+
+bool IsZoneNameChar(char c) {
+  return absl::ascii_isalnum(static_cast<uint8_t>(c)) || c == '_' || c == '.' ||
+         c == '-';
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ParseRate(absl::string_view value) {
+  return ParseByteCount(kEnvRate, value, /*allow_g=*/false, kMinRateBytesPerSec,
+                        kMaxRateBytesPerSec);
+}
+
+absl::StatusOr<uint64_t> ParseZoneSize(absl::string_view value) {
+  return ParseByteCount(kEnvZoneSize, value, /*allow_g=*/true,
+                        kMinZoneSizeBytes, kMaxZoneSizeBytes);
+}
+
+absl::StatusOr<int64_t> ParseIdleNs(absl::string_view value) {
+  return ParseDurationNs(kEnvIdle, value, kMinIdleNs, kMaxIdleNs);
+}
+
+absl::StatusOr<bool> ParseStrict(absl::string_view value) {
+  if (value == "0") return false;
+  if (value == "1") return true;
+  return VariableError(kEnvStrict, value, "is not 0 or 1", kStrictForm);
+}
+
+absl::StatusOr<LogTarget> ParseLogTarget(absl::string_view value,
+                                         std::string* path) {
+  path->clear();
+  if (value == "stderr") return LogTarget::kStderr;
+  if (value == "syslog") return LogTarget::kSyslog;
+  if (value == "off") return LogTarget::kOff;
+  if (absl::StartsWith(value, "/")) {
+    path->assign(value.data(), value.size());
+    return LogTarget::kFile;
+  }
+  return VariableError(kEnvLog, value, "is not a log target", kLogForm);
+}
+
+absl::StatusOr<std::string> ParseZoneName(absl::string_view value) {
+  bool ok = !value.empty() && value.size() <= kMaxZoneNameBytes &&
+            value.front() != '.';
+  for (const char c : value) ok = ok && IsZoneNameChar(c);
+  if (!ok) {
+    return VariableError(kEnvZone, value, "is not a zone name", kZoneForm);
+  }
+  return std::string(value);
+}
+
+absl::StatusOr<Config> ParseConfig(EnvLookup env) {
+  Config config;
+  if (const char* value = env(kEnvRate); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.rate_bytes_per_sec, ParseRate(value));
+    config.enabled = true;
+  }
+  if (const char* value = env(kEnvKey); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.key, ParseKeySpec(value));
+  }
+  if (const char* value = env(kEnvZone); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.zone_name, ParseZoneName(value));
+  }
+  if (const char* value = env(kEnvZoneSize); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.zone_size_bytes, ParseZoneSize(value));
+  }
+  if (const char* value = env(kEnvLog); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.log,
+                                 ParseLogTarget(value, &config.log_path));
+  }
+  if (const char* value = env(kEnvStrict); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.strict, ParseStrict(value));
+  }
+  if (const char* value = env(kEnvIdle); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.idle_ns, ParseIdleNs(value));
+  }
+  return config;
+}
+
+}  // namespace trafficrate

@@ -1,0 +1,113 @@
+// trafficrate's whole configuration, read from TRAFFICRATE_* environment
+// variables in one place at start-up (nginx wipes its workers' environment, so
+// there is no second chance to read it).
+//
+//   absl::StatusOr<Config> config = ParseConfig(
+//       [](const char* name) -> const char* { return getenv(name); });
+//   if (!config.ok()) {
+//     // One line naming the bad variable: print it, then pass through.
+//   } else if (config->enabled) { ... }
+//
+// The variables are:
+//   TRAFFICRATE_RATE       bytes/s per key, k/m units, 1 .. 1048576m (1 TiB/s,
+//                          far above any NIC: the cap only keeps the share
+//                          math away from overflow). Unset: library inactive.
+//   TRAFFICRATE_KEY        peer | peer/N | peer/N,M | local | all (key.h)
+//   TRAFFICRATE_ZONE       shared memory zone name (see ParseZoneName)
+//   TRAFFICRATE_ZONE_SIZE  zone size, k/m/g units, 64k .. 1g
+//   TRAFFICRATE_LOG        stderr | syslog | off | /absolute/file/path
+//   TRAFFICRATE_STRICT     0 | 1
+//   TRAFFICRATE_IDLE       how long a connection may go without writing before
+//                          it stops taking a share; 1ms .. 60s, default 200ms
+// A variable that is set but empty is an error, not "use the default": an
+// empty value is usually a shell variable that was meant to hold something.
+
+#ifndef TRAFFICRATE_SRC_CONFIG_H_
+#define TRAFFICRATE_SRC_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/attributes.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "src/key.h"
+
+namespace trafficrate {
+
+inline constexpr const char* kEnvRate = "TRAFFICRATE_RATE";
+inline constexpr const char* kEnvKey = "TRAFFICRATE_KEY";
+inline constexpr const char* kEnvZone = "TRAFFICRATE_ZONE";
+inline constexpr const char* kEnvZoneSize = "TRAFFICRATE_ZONE_SIZE";
+inline constexpr const char* kEnvLog = "TRAFFICRATE_LOG";
+inline constexpr const char* kEnvStrict = "TRAFFICRATE_STRICT";
+inline constexpr const char* kEnvIdle = "TRAFFICRATE_IDLE";
+// Every variable ParseConfig reads, in the order it reads them.
+inline constexpr const char* kEnvNames[] = {
+    kEnvRate, kEnvKey, kEnvZone, kEnvZoneSize, kEnvLog, kEnvStrict, kEnvIdle};
+
+inline constexpr uint64_t kMinRateBytesPerSec = 1;
+inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
+inline constexpr uint64_t kMinZoneSizeBytes = uint64_t{64} << 10;   // 64k
+inline constexpr uint64_t kMaxZoneSizeBytes = uint64_t{1} << 30;    // 1g
+inline constexpr int64_t kMinIdleNs = 1'000'000;                    // 1ms
+inline constexpr int64_t kMaxIdleNs = 60'000'000'000;               // 60s
+
+enum class LogTarget { kStderr, kSyslog, kOff, kFile };
+
+struct Config {
+  bool enabled = false;  // false when TRAFFICRATE_RATE is unset
+  uint64_t rate_bytes_per_sec = 0;
+  KeySpec key;
+  std::string zone_name = "default";
+  uint64_t zone_size_bytes = uint64_t{1} << 20;
+  LogTarget log = LogTarget::kStderr;
+  std::string log_path;  // set when log == LogTarget::kFile
+  bool strict = false;
+  int64_t idle_ns = 200'000'000;
+};
+
+// Looks a variable up; returns nullptr when it is unset. The returned string
+// need only live until the next call. Production passes getenv; tests, a map.
+using EnvLookup = absl::FunctionRef<const char*(const char*)>;
+
+// Reads each variable of kEnvNames exactly once, in that order, and returns
+// the first error: InvalidArgument, one line, naming the variable and the
+// accepted form. With TRAFFICRATE_RATE unset the result has enabled == false
+// and the other variables are still validated and filled in, so `trafficrate
+// check` and a later `set` see the same zone and key settings.
+// Thread-safe if `env` is (getenv races with setenv).
+ABSL_MUST_USE_RESULT absl::StatusOr<Config> ParseConfig(EnvLookup env);
+
+// Each variable's parser on its own, so the library can still honour
+// TRAFFICRATE_STRICT and TRAFFICRATE_LOG when another variable is bad, and
+// the CLI can parse a new rate for `set`. Errors as for ParseConfig. All are
+// thread-safe.
+
+// TRAFFICRATE_RATE: see the file comment.
+ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseRate(
+    absl::string_view value);
+// TRAFFICRATE_ZONE_SIZE: see the file comment.
+ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseZoneSize(
+    absl::string_view value);
+// TRAFFICRATE_IDLE: see the file comment. Returns nanoseconds.
+ABSL_MUST_USE_RESULT absl::StatusOr<int64_t> ParseIdleNs(
+    absl::string_view value);
+// TRAFFICRATE_STRICT: exactly "0" or "1"; "true" or "yes" are refused rather
+// than guessed at, since a wrong guess either kills the server or does not.
+ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseStrict(absl::string_view value);
+// TRAFFICRATE_LOG: "stderr", "syslog", "off", or an absolute path (starting
+// with '/', because the server may chdir). Sets *path to the path for
+// LogTarget::kFile and clears it otherwise. REQUIRES: path != nullptr.
+ABSL_MUST_USE_RESULT absl::StatusOr<LogTarget> ParseLogTarget(
+    absl::string_view value, std::string* path);
+// TRAFFICRATE_ZONE: 1 to 64 characters of [A-Za-z0-9_.-], not starting with
+// '.'. The zone becomes the shm object "/trafficrate.<zone>", so '/' is
+// refused and the length stays well inside NAME_MAX.
+ABSL_MUST_USE_RESULT absl::StatusOr<std::string> ParseZoneName(
+    absl::string_view value);
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_CONFIG_H_

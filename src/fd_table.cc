@@ -1,0 +1,71 @@
+#include "src/fd_table.h"
+
+#include <sched.h>
+#include <sys/mman.h>
+
+namespace trafficrate {
+namespace {
+
+// A pin is held for one setsockopt or ioctl (about a microsecond); if the
+// holder was preempted, yield rather than burn the core.
+constexpr int kPinSpins = 64;
+constexpr int kPinYields = 20000;
+
+}  // namespace
+
+FdTable* FdTable::Create(int capacity) {
+  if (capacity <= 0) return nullptr;
+  const size_t bytes = sizeof(FdEntry) * static_cast<size_t>(capacity);
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) return nullptr;
+  return new FdTable(static_cast<FdEntry*>(mem), capacity);
+}
+
+FdTable::~FdTable() {
+  munmap(entries_, sizeof(FdEntry) * static_cast<size_t>(capacity_));
+}
+
+void FdTable::NoteTracked(int fd) {
+  int seen = high_water_.load(std::memory_order_relaxed);
+  while (fd + 1 > seen && !high_water_.compare_exchange_weak(
+                              seen, fd + 1, std::memory_order_acq_rel)) {
+  }
+}
+
+bool FdTable::TryPin(FdEntry& entry, uint64_t state, bool wait) {
+  const int attempts = wait ? kPinSpins + kPinYields : 1;
+  for (int i = 0; i < attempts; ++i) {
+    uint32_t free = 0;
+    if (entry.busy.compare_exchange_strong(free, 1,
+                                           std::memory_order_seq_cst)) {
+      // Seen after the pin: a close that cleared the state before we pinned
+      // is caught here; one that clears it later waits for our unpin.
+      if (entry.state.load(std::memory_order_seq_cst) == state) return true;
+      Unpin(entry);
+      return false;
+    }
+    if (i >= kPinSpins) sched_yield();
+  }
+  return false;
+}
+
+uint64_t FdTable::Untrack(FdEntry& entry) {
+  const uint64_t old = entry.state.exchange(0, std::memory_order_seq_cst);
+  if (old == 0) return 0;
+  for (int i = 0; i < kPinSpins + kPinYields &&
+                  entry.busy.load(std::memory_order_seq_cst) != 0;
+       ++i) {
+    if (i >= kPinSpins) sched_yield();
+  }
+  return old;
+}
+
+void FdTable::ClearPinsAfterFork() {
+  const int hw = high_water();
+  for (int fd = 0; fd < hw; ++fd) {
+    entries_[fd].busy.store(0, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace trafficrate

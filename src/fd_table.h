@@ -1,0 +1,95 @@
+// The per-process fd table: for every fd number, whether the socket behind it
+// is governed, which zone connection slot it belongs to, and the pacing last
+// applied to it. Read on every send without a lock.
+//
+//   FdTable* table = FdTable::Create(65536);  // reserved, not committed
+//   FdEntry* e = table->Get(fd);              // nullptr beyond capacity
+//   uint64_t state = e->state.load(std::memory_order_acquire);
+//   if (state != 0) uint32_t conn = StateConn(state);
+//
+// Races between the host closing (or reusing) an fd and the watcher thread
+// touching it are settled with `busy`: the watcher pins an entry, re-checks
+// its state, acts, unpins; a close first clears the state, then waits until
+// the entry is unpinned, and only then lets the real close run. So the
+// watcher never touches an fd number after the host has closed it.
+//
+// Thread safety: every field is atomic; entries may be read and written from
+// any thread. The memory is private to the process and copied by fork.
+
+#ifndef TRAFFICRATE_SRC_FD_TABLE_H_
+#define TRAFFICRATE_SRC_FD_TABLE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace trafficrate {
+
+struct FdEntry {
+  // 0: not governed. Else kTracked | cookie << 32 | zone connection index.
+  std::atomic<uint64_t> state;
+  // Share token (settings generation << 32 | key generation) last applied.
+  std::atomic<uint64_t> applied;
+  std::atomic<int64_t> last_send_ns;  // CLOCK_MONOTONIC of the last send
+  std::atomic<uint32_t> busy;         // 1 while a thread acts on the socket
+  uint32_t reserved;
+};
+static_assert(sizeof(FdEntry) == 32);
+
+inline constexpr uint64_t kTracked = 1ULL << 63;
+inline constexpr uint64_t kNeverApplied = ~0ULL;
+
+inline uint64_t PackState(uint32_t conn_index, uint32_t cookie) {
+  return kTracked | (uint64_t{cookie & 0x7fffffffu} << 32) | conn_index;
+}
+inline uint32_t StateConn(uint64_t state) {
+  return static_cast<uint32_t>(state);
+}
+inline uint32_t StateCookie(uint64_t state) {
+  return static_cast<uint32_t>(state >> 32) & 0x7fffffffu;
+}
+
+class FdTable {
+ public:
+  // Reserves address space for `capacity` entries (zero-filled pages are
+  // committed on first touch). Returns nullptr if the mapping fails.
+  static FdTable* Create(int capacity);
+  ~FdTable();
+  FdTable(const FdTable&) = delete;
+  FdTable& operator=(const FdTable&) = delete;
+
+  // Hot path: no allocation, errno untouched.
+  FdEntry* Get(int fd) const {
+    return fd >= 0 && fd < capacity_ ? &entries_[fd] : nullptr;
+  }
+  int capacity() const { return capacity_; }
+  // One past the highest fd ever tracked: the bound of watcher scans.
+  int high_water() const { return high_water_.load(std::memory_order_acquire); }
+  void NoteTracked(int fd);
+
+  // Pins `entry` if its state still equals `state`. Returns false (and does
+  // not pin) if another thread holds it or the state changed. Bounded spins
+  // when `wait` is true.
+  static bool TryPin(FdEntry& entry, uint64_t state, bool wait);
+  static void Unpin(FdEntry& entry) {
+    entry.busy.store(0, std::memory_order_release);
+  }
+  // Clears the entry and waits (bounded) until no thread has it pinned.
+  // Returns the state it had.
+  static uint64_t Untrack(FdEntry& entry);
+
+  // In a forked child: no thread of the parent survives to unpin an entry.
+  void ClearPinsAfterFork();
+
+ private:
+  FdTable(FdEntry* entries, int capacity)
+      : entries_(entries), capacity_(capacity) {}
+
+  FdEntry* entries_;
+  int capacity_;
+  std::atomic<int> high_water_{0};
+};
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_FD_TABLE_H_

@@ -1,0 +1,574 @@
+#include "src/governor.h"
+
+#include <errno.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "src/clock.h"
+#include "src/share.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr int64_t kWatcherStartWaitNs = 200 * kNsPerMs;
+constexpr size_t kWatcherStackBytes = 256 * 1024;
+
+// The client's address as 16 bytes (IPv4 as v4-mapped) and its port.
+void PeerBytes(const sockaddr* peer, uint8_t out[16], uint16_t* port) {
+  std::memset(out, 0, 16);
+  *port = 0;
+  if (peer->sa_family == AF_INET) {
+    sockaddr_in in;
+    std::memcpy(&in, peer, sizeof(in));
+    out[10] = 0xff;
+    out[11] = 0xff;
+    std::memcpy(out + 12, &in.sin_addr, 4);
+    *port = ntohs(in.sin_port);
+  } else if (peer->sa_family == AF_INET6) {
+    sockaddr_in6 in6;
+    std::memcpy(&in6, peer, sizeof(in6));
+    std::memcpy(out, &in6.sin6_addr, 16);
+    *port = ntohs(in6.sin6_port);
+  }
+}
+
+bool IsInetWithLength(const sockaddr* addr, socklen_t len) {
+  if (addr == nullptr || len < sizeof(sa_family_t)) return false;
+  if (addr->sa_family == AF_INET) return len >= sizeof(sockaddr_in);
+  if (addr->sa_family == AF_INET6) return len >= sizeof(sockaddr_in6);
+  return false;
+}
+
+// Classifies an accepted socket: a TCP (stream) socket with an AF_INET or
+// AF_INET6 peer, and its key. peer may be null or truncated: then the
+// kernel is asked.
+bool Classify(int fd, const KeySpec& spec, const sockaddr* peer,
+              socklen_t peer_len, ConnKey* key, uint8_t peer16[16],
+              uint16_t* peer_port) {
+  int type = 0;
+  socklen_t type_len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
+      type != SOCK_STREAM) {
+    return false;
+  }
+  sockaddr_storage peer_buf;
+  if (!IsInetWithLength(peer, peer_len)) {
+    socklen_t len = sizeof(peer_buf);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer_buf), &len) != 0) {
+      return false;
+    }
+    peer = reinterpret_cast<const sockaddr*>(&peer_buf);
+    peer_len = len;
+    if (!IsInetWithLength(peer, peer_len)) return false;
+  }
+  sockaddr_storage local_buf;
+  const sockaddr* local = nullptr;
+  socklen_t local_len = 0;
+  if (spec.mode == KeyMode::kLocal) {
+    local_len = sizeof(local_buf);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_buf), &local_len) !=
+        0) {
+      return false;
+    }
+    local = reinterpret_cast<const sockaddr*>(&local_buf);
+  }
+  if (!MakeConnKey(spec, peer, peer_len, local, local_len, key)) return false;
+  PeerBytes(peer, peer16, peer_port);
+  return true;
+}
+
+}  // namespace
+
+Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
+                   const GovernorOptions& options)
+    : zone_(zone),
+      table_(table),
+      logger_(logger),
+      options_(options),
+      pid_(static_cast<int32_t>(getpid())) {
+  const size_t bytes = sizeof(uint64_t) * zone_->conn_capacity();
+  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem != MAP_FAILED) local_refs_ = static_cast<std::atomic<uint64_t>*>(mem);
+}
+
+Governor::~Governor() {
+  StopWatcher();
+  if (local_refs_ != nullptr) {
+    munmap(local_refs_, sizeof(uint64_t) * zone_->conn_capacity());
+  }
+}
+
+bool Governor::ConnValid(const ConnSlotShm& conn, uint64_t state) const {
+  return Zone::CookieOf(conn.seq.load(std::memory_order_acquire)) ==
+         StateCookie(state);
+}
+
+uint64_t Governor::ShareToken(const KeySlotShm& key) const {
+  const uint64_t settings =
+      zone_->header().settings_generation.load(std::memory_order_acquire);
+  return settings << 32 | key.generation.load(std::memory_order_acquire);
+}
+
+void Governor::AddLocalRef(uint32_t conn_index, uint32_t cookie) {
+  std::atomic<uint64_t>& refs = local_refs_[conn_index];
+  uint64_t seen = refs.load(std::memory_order_relaxed);
+  uint64_t next;
+  do {
+    next = (seen >> 32) == cookie ? seen + 1 : (uint64_t{cookie} << 32 | 1);
+  } while (!refs.compare_exchange_weak(seen, next, std::memory_order_acq_rel));
+}
+
+bool Governor::DropLocalRef(uint32_t conn_index, uint32_t cookie) {
+  std::atomic<uint64_t>& refs = local_refs_[conn_index];
+  uint64_t seen = refs.load(std::memory_order_relaxed);
+  do {
+    // Another cookie: this fd held a registration that ended already.
+    if ((seen >> 32) != cookie || (seen & 0xffffffffu) == 0) return false;
+  } while (
+      !refs.compare_exchange_weak(seen, seen - 1, std::memory_order_acq_rel));
+  return (seen & 0xffffffffu) == 1;
+}
+
+void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
+  if (local_refs_ == nullptr) return;
+  FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr) {
+    if (fd >= 0 && Logger::Allow(last_fd_log_ns_, MonotonicNowNs())) {
+      logger_->Logf(
+          "fd %d is above the fd table's %d entries; its "
+          "connection is not governed",
+          fd, table_->capacity());
+    }
+    return;
+  }
+  // Still tracked: the host closed the old socket behind our back.
+  if (entry->state.load(std::memory_order_relaxed) != 0) {
+    Release(FdTable::Untrack(*entry));
+  }
+  ConnKey key;
+  uint8_t peer16[16];
+  uint16_t peer_port = 0;
+  if (!Classify(fd, options_.key, peer, peer_len, &key, peer16, &peer_port)) {
+    return;
+  }
+  Register(fd, *entry, key, peer16, peer_port);
+}
+
+void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
+                        const uint8_t peer16[16], uint16_t peer_port) {
+  const uint32_t proc = EnsureProc();
+  if (proc == kNoSlot) return;
+  const int64_t now = MonotonicNowNs();
+  uint32_t conn = kNoSlot;
+  uint32_t cookie = 0;
+  {
+    ZoneLock lock(*zone_);
+    if (!lock.ok()) return;
+    const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
+    if (k != kNoSlot) {
+      conn = zone_->RegisterConnLocked(k, proc, fd, peer16, peer_port);
+      if (conn == kNoSlot) {
+        zone_->ReleaseKeyIfUnusedLocked(k);
+      } else {
+        cookie = Zone::CookieOf(
+            zone_->conn(conn).seq.load(std::memory_order_relaxed));
+      }
+    }
+  }
+  if (conn == kNoSlot) {
+    if (Logger::Allow(last_full_log_ns_, now)) {
+      logger_->Logf(
+          "zone %s is full (%u keys, %u connections); new "
+          "connections pass through unpaced; raise "
+          "TRAFFICRATE_ZONE_SIZE",
+          zone_->name().c_str(), zone_->key_capacity(), zone_->conn_capacity());
+    }
+    return;
+  }
+  AddLocalRef(conn, cookie);
+  entry.applied.store(kNeverApplied, std::memory_order_relaxed);
+  entry.last_send_ns.store(now, std::memory_order_relaxed);
+  entry.state.store(PackState(conn, cookie), std::memory_order_release);
+  table_->NoteTracked(fd);
+}
+
+void Governor::BeforeSend(int fd) {
+  FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr) return;
+  const uint64_t state = entry->state.load(std::memory_order_acquire);
+  if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+  entry->last_send_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
+  const ConnSlotShm& conn = zone_->conn(StateConn(state));
+  if (!ConnValid(conn, state)) {
+    Reregister(fd, *entry, state);
+  } else if (!conn.active.load(std::memory_order_relaxed) ||
+             conn.proc_index.load(std::memory_order_relaxed) !=
+                 proc_.load(std::memory_order_relaxed)) {
+    JoinSlow(fd, *entry, state);
+  } else {
+    ApplyIfChanged(fd, *entry, state, conn);
+  }
+}
+
+void Governor::AfterSend(int fd, ssize_t sent) {
+  if (sent <= 0) return;
+  FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr) return;
+  const uint64_t state = entry->state.load(std::memory_order_relaxed);
+  if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+  zone_->conn(StateConn(state))
+      .bytes_sent.fetch_add(static_cast<uint64_t>(sent),
+                            std::memory_order_relaxed);
+}
+
+void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
+  const uint32_t index = StateConn(state);
+  const ConnSlotShm& conn = zone_->conn(index);
+  uint32_t me = proc_.load(std::memory_order_acquire);
+  if (conn.proc_index.load(std::memory_order_relaxed) != me) {
+    // Inherited across fork from the process that registered it. If that
+    // process counts it as sending, it is counted once already.
+    if (conn.active.load(std::memory_order_relaxed)) {
+      ApplyIfChanged(fd, entry, state, conn);
+      return;
+    }
+    me = EnsureProc();
+    if (me == kNoSlot) return;
+  }
+  bool changed = false;
+  {
+    ZoneLock lock(*zone_);
+    if (!lock.ok() || !ConnValid(conn, state)) return;
+    if (conn.proc_index.load(std::memory_order_relaxed) != me &&
+        !conn.active.load(std::memory_order_relaxed)) {
+      // The sender owns it from now on: its watcher paces and expires it.
+      zone_->TransferConnLocked(index, me, fd);
+    }
+    changed = zone_->JoinLocked(index);
+  }
+  if (changed) zone_->WakeWatchers();
+  ApplyIfChanged(fd, entry, state, conn);
+}
+
+void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
+  // The registration ended in another process (the one that accepted it
+  // closed its copy, or died): register again here, for this fd and every
+  // duplicate of it in this process.
+  ConnKey key;
+  uint8_t peer16[16];
+  uint16_t peer_port = 0;
+  const bool is_conn =
+      Classify(fd, options_.key, nullptr, 0, &key, peer16, &peer_port);
+  if (!entry.state.compare_exchange_strong(state, 0,
+                                           std::memory_order_acq_rel)) {
+    return;  // another thread of this process is at it
+  }
+  Release(state);
+  if (!is_conn) return;
+  Register(fd, entry, key, peer16, peer_port);
+  const uint64_t fresh = entry.state.load(std::memory_order_acquire);
+  if (fresh == 0) return;
+  const int high_water = table_->high_water();
+  for (int other = 0; other < high_water; ++other) {
+    FdEntry& dup = *table_->Get(other);
+    uint64_t expected = state;
+    if (other != fd && dup.state.compare_exchange_strong(
+                           expected, fresh, std::memory_order_acq_rel)) {
+      DropLocalRef(StateConn(state), StateCookie(state));
+      AddLocalRef(StateConn(fresh), StateCookie(fresh));
+    }
+  }
+  JoinSlow(fd, entry, fresh);
+}
+
+void Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
+                              const ConnSlotShm& conn) {
+  const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
+  if (k >= zone_->key_capacity()) return;
+  const KeySlotShm& key = zone_->key(k);
+  if (ShareToken(key) == entry.applied.load(std::memory_order_relaxed)) return;
+  // Pinned, so that a close cannot slip between our check and setsockopt,
+  // and so that two threads never apply out of order.
+  if (!FdTable::TryPin(entry, state, /*wait=*/true)) return;
+  const uint64_t token = ShareToken(key);
+  const uint64_t share = ShareBytesPerSec(
+      zone_->header().rate_bytes_per_sec.load(std::memory_order_relaxed),
+      key.active.load(std::memory_order_acquire));
+  if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &share, sizeof(share)) ==
+      0) {
+    const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
+        share, std::memory_order_relaxed);
+  }
+  entry.applied.store(token, std::memory_order_relaxed);
+  FdTable::Unpin(entry);
+}
+
+void Governor::Release(uint64_t state) {
+  if (state == 0 || local_refs_ == nullptr) return;
+  const uint32_t index = StateConn(state);
+  if (index >= zone_->conn_capacity() ||
+      !DropLocalRef(index, StateCookie(state))) {
+    return;
+  }
+  // The last fd of this process on that connection. Only its owner ends the
+  // registration: an inherited copy closing must not.
+  const ConnSlotShm& conn = zone_->conn(index);
+  const uint32_t me = proc_.load(std::memory_order_acquire);
+  if (!ConnValid(conn, state) ||
+      conn.proc_index.load(std::memory_order_relaxed) != me) {
+    return;
+  }
+  bool changed = false;
+  {
+    ZoneLock lock(*zone_);
+    if (!lock.ok() || !ConnValid(conn, state) ||
+        conn.proc_index.load(std::memory_order_relaxed) != me) {
+      return;
+    }
+    changed = zone_->DeregisterConnLocked(index);
+  }
+  if (changed) zone_->WakeWatchers();
+}
+
+void Governor::OnClose(int fd) { Release(Detach(fd)); }
+
+uint64_t Governor::Detach(int fd) {
+  FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr || entry->state.load(std::memory_order_relaxed) == 0) {
+    return 0;
+  }
+  return FdTable::Untrack(*entry);
+}
+
+void Governor::Reattach(int fd, uint64_t state) {
+  FdEntry* entry = table_->Get(fd);
+  uint64_t empty = 0;
+  if (entry != nullptr && state != 0 &&
+      !entry->state.compare_exchange_strong(empty, state,
+                                            std::memory_order_acq_rel)) {
+    Release(state);  // something else took the slot meanwhile
+  }
+}
+
+void Governor::OnCloseRange(unsigned int first, unsigned int last) {
+  const unsigned int high_water =
+      static_cast<unsigned int>(table_->high_water());
+  for (unsigned int fd = first; fd < high_water && fd <= last; ++fd) {
+    OnClose(static_cast<int>(fd));
+  }
+}
+
+void Governor::OnDup(int oldfd, int newfd) {
+  FdEntry* from = table_->Get(oldfd);
+  FdEntry* to = table_->Get(newfd);
+  if (from == nullptr || to == nullptr || oldfd == newfd) return;
+  const uint64_t state = from->state.load(std::memory_order_acquire);
+  if (state == 0) return;
+  if (to->state.load(std::memory_order_relaxed) != 0) {
+    Release(FdTable::Untrack(*to));
+  }
+  AddLocalRef(StateConn(state), StateCookie(state));
+  to->applied.store(from->applied.load(std::memory_order_relaxed),
+                    std::memory_order_relaxed);
+  to->last_send_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
+  to->state.store(state, std::memory_order_release);
+  table_->NoteTracked(newfd);
+}
+
+void Governor::AfterForkChild() {
+  proc_.store(kNoSlot, std::memory_order_relaxed);
+  watcher_state_.store(kNotStarted, std::memory_order_relaxed);
+  stop_.store(false, std::memory_order_relaxed);
+  pid_ = static_cast<int32_t>(getpid());
+  table_->ClearPinsAfterFork();
+}
+
+uint32_t Governor::EnsureProc() {
+  const uint32_t p = proc_.load(std::memory_order_acquire);
+  if (p != kNoSlot) return p;
+  int expected = kNotStarted;
+  if (watcher_state_.compare_exchange_strong(expected, kStarting)) {
+    // The watcher must never run a host signal handler.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, kWatcherStackBytes);
+    const int rc = pthread_create(&watcher_, &attr, &WatcherMain, this);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (rc != 0) {
+      watcher_state_.store(kFailed, std::memory_order_release);
+      logger_->Logf(
+          "cannot start the watcher thread (%s); connections of "
+          "process %d pass through unpaced",
+          strerror(rc), pid_);
+      return kNoSlot;
+    }
+  }
+  const int64_t deadline = MonotonicNowNs() + kWatcherStartWaitNs;
+  while (watcher_state_.load(std::memory_order_acquire) == kStarting &&
+         MonotonicNowNs() < deadline) {
+    SleepNs(20'000);
+  }
+  return proc_.load(std::memory_order_acquire);
+}
+
+void* Governor::WatcherMain(void* self) {
+  pthread_setname_np(pthread_self(), "trafficrate");
+  static_cast<Governor*>(self)->RunWatcher();
+  return nullptr;
+}
+
+void Governor::RunWatcher() {
+  uint32_t me = kNoSlot;
+  {
+    ZoneLock lock(*zone_);
+    if (lock.ok()) me = zone_->ClaimProcLocked(pid_, MonotonicNowNs());
+  }
+  if (me == kNoSlot) {
+    watcher_state_.store(kFailed, std::memory_order_release);
+    logger_->Logf(
+        "zone %s has no free process slot (%u); connections of "
+        "process %d pass through unpaced; raise "
+        "TRAFFICRATE_ZONE_SIZE",
+        zone_->name().c_str(), zone_->proc_capacity(), pid_);
+    return;
+  }
+  proc_.store(me, std::memory_order_release);
+  watcher_state_.store(kRunning, std::memory_order_release);
+
+  int64_t idle_tick = options_.idle_ns / 4;
+  if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
+  if (idle_tick > 100 * kNsPerMs) idle_tick = 100 * kNsPerMs;
+  int64_t now = MonotonicNowNs();
+  int64_t next_idle = now + idle_tick;
+  int64_t next_reap = now;
+  int64_t last_scan = 0;
+  uint32_t seen = zone_->ChangeWord();
+  while (!stop_.load(std::memory_order_acquire)) {
+    now = MonotonicNowNs();
+    const int64_t until = next_idle < next_reap ? next_idle : next_reap;
+    zone_->WaitForChange(seen, until - now);
+    now = MonotonicNowNs();
+    if (zone_->ChangeWord() != seen) {
+      // Coalesce a burst of joins into one scan per coalesce_ns.
+      SleepNs(last_scan + options_.coalesce_ns - now);
+      seen = zone_->ChangeWord();
+      ApplyChangedShares();
+      last_scan = MonotonicNowNs();
+    }
+    if (now >= next_idle) {
+      ExpireIdle(now);
+      next_idle = now + idle_tick;
+    }
+    if (now >= next_reap) {
+      ReapDead();
+      next_reap = now + options_.reap_interval_ns;
+    }
+  }
+  // Give up the liveness token: to the zone, this process is now dead.
+  pthread_mutex_unlock(&zone_->proc(me).liveness);
+}
+
+void Governor::StopWatcher() {
+  if (watcher_state_.load(std::memory_order_acquire) != kRunning) return;
+  stop_.store(true, std::memory_order_release);
+  zone_->WakeWatchers();
+  pthread_join(watcher_, nullptr);
+  proc_.store(kNoSlot, std::memory_order_release);
+  watcher_state_.store(kNotStarted, std::memory_order_release);
+  stop_.store(false, std::memory_order_release);
+}
+
+void Governor::ApplyChangedShares() {
+  const uint32_t me = proc_.load(std::memory_order_acquire);
+  const int high_water = table_->high_water();
+  for (int fd = 0; fd < high_water; ++fd) {
+    FdEntry& entry = *table_->Get(fd);
+    const uint64_t state = entry.state.load(std::memory_order_acquire);
+    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
+    const ConnSlotShm& conn = zone_->conn(StateConn(state));
+    if (!ConnValid(conn, state) ||
+        !conn.active.load(std::memory_order_relaxed) ||
+        conn.proc_index.load(std::memory_order_relaxed) != me) {
+      continue;
+    }
+    ApplyIfChanged(fd, entry, state, conn);
+  }
+}
+
+void Governor::ExpireIdle(int64_t now_ns) {
+  const uint32_t me = proc_.load(std::memory_order_acquire);
+  const int high_water = table_->high_water();
+  bool changed = false;
+  for (int fd = 0; fd < high_water; ++fd) {
+    FdEntry& entry = *table_->Get(fd);
+    uint64_t state = entry.state.load(std::memory_order_acquire);
+    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
+    const ConnSlotShm& conn = zone_->conn(StateConn(state));
+    const int64_t last = entry.last_send_ns.load(std::memory_order_relaxed);
+    if (now_ns - last < options_.idle_ns || !ConnValid(conn, state) ||
+        !conn.active.load(std::memory_order_relaxed) ||
+        conn.proc_index.load(std::memory_order_relaxed) != me) {
+      continue;
+    }
+    if (!FdTable::TryPin(entry, state, /*wait=*/false)) continue;
+    int queued = 0;
+    const int rc = ioctl(fd, SIOCOUTQ, &queued);
+    const int err = errno;
+    FdTable::Unpin(entry);
+    if (rc != 0 && (err == EBADF || err == ENOTTY || err == ENOTSOCK)) {
+      // Closed or reused behind our back (not through an interposed call).
+      if (entry.state.compare_exchange_strong(state, 0)) Release(state);
+      continue;
+    }
+    if (rc != 0 || queued > 0) continue;
+    ZoneLock lock(*zone_);
+    if (!lock.ok()) return;
+    if (ConnValid(conn, state) &&
+        entry.last_send_ns.load(std::memory_order_relaxed) == last) {
+      changed |= zone_->LeaveLocked(StateConn(state));
+    }
+  }
+  if (changed) zone_->WakeWatchers();
+}
+
+void Governor::ReapDead() {
+  const uint32_t me = proc_.load(std::memory_order_acquire);
+  uint32_t procs = 0;
+  uint32_t conns = 0;
+  for (uint32_t p = 0; p < zone_->proc_capacity(); ++p) {
+    const ProcSlotShm& slot = zone_->proc(p);
+    if (p == me || slot.state.load(std::memory_order_acquire) != kProcLive ||
+        !Zone::ProcMaybeDead(slot)) {
+      continue;
+    }
+    const int32_t pid = slot.pid.load(std::memory_order_relaxed);
+    uint32_t reaped = 0;
+    {
+      ZoneLock lock(*zone_);
+      if (!lock.ok()) return;
+      if (!zone_->ReapIfDeadLocked(p, &reaped)) continue;
+    }
+    ++procs;
+    conns += reaped;
+    if (reaped > 0) {
+      logger_->Logf(
+          "process %d died holding %u connections of zone %s; "
+          "their counts are released",
+          pid, reaped, zone_->name().c_str());
+    }
+  }
+  if (procs > 0) zone_->WakeWatchers();
+}
+
+}  // namespace trafficrate

@@ -1,0 +1,131 @@
+// The Governor: one per process. It decides, for the sockets this process
+// accepted, when a connection registers with the zone (on accept), joins its
+// key (on its first send, and again after being idle), leaves (idle) and
+// deregisters (on close); it applies each connection's share with
+// SO_MAX_PACING_RATE; and it runs the process's watcher thread, which
+// re-applies shares pushed by other processes, expires idle connections and
+// reaps the registrations of dead processes.
+//
+//   Governor gov(zone, table, &logger, options);
+//   gov.OnAccept(fd, peer, peer_len);  // after a successful accept
+//   gov.BeforeSend(fd);                // before every write/send/sendfile
+//   gov.AfterSend(fd, sent);           // after it
+//   gov.OnClose(fd);                   // before the real close
+//
+// The lib/ interposers are thin glue over these calls; tests drive them on
+// real sockets without LD_PRELOAD.
+//
+// Ownership: zone, table and logger must outlive the Governor. In the library
+// nothing is ever destroyed (host threads may send while the process exits).
+// Thread safety: every public function may be called from any thread.
+
+#ifndef TRAFFICRATE_SRC_GOVERNOR_H_
+#define TRAFFICRATE_SRC_GOVERNOR_H_
+
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "src/fd_table.h"
+#include "src/key.h"
+#include "src/log.h"
+#include "src/zone.h"
+
+namespace trafficrate {
+
+struct GovernorOptions {
+  KeySpec key;
+  int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
+  int64_t coalesce_ns = 2'000'000;  // minimum gap between share scans
+  int64_t reap_interval_ns = 250'000'000;
+};
+
+class Governor {
+ public:
+  // REQUIRES: zone, table and logger outlive the Governor.
+  Governor(Zone* zone, FdTable* table, const Logger* logger,
+           const GovernorOptions& options);
+  // Stops the watcher thread, if any (tests; the library never destroys it).
+  ~Governor();
+  Governor(const Governor&) = delete;
+  Governor& operator=(const Governor&) = delete;
+
+  // After accept returned fd. peer may be null (then getpeername is used).
+  // Registers AF_INET/AF_INET6 stream sockets; leaves others alone.
+  void OnAccept(int fd, const sockaddr* peer, socklen_t peer_len);
+  // Hot path: no allocation, no lock unless the connection joins its key,
+  // errno may be clobbered (the interposer restores it).
+  void BeforeSend(int fd);
+  // Hot path: counts bytes sent. errno may be clobbered.
+  void AfterSend(int fd, ssize_t sent);
+  // Before the real close of fd: ReleaseDetached(Detach(fd)).
+  void OnClose(int fd);
+  // Before a call that may replace fd (dup2, dup3): stops governing fd and
+  // waits until the watcher no longer touches it. Returns its state, which
+  // the caller passes to ReleaseDetached if fd was replaced, else to
+  // Reattach.
+  uint64_t Detach(int fd);
+  void ReleaseDetached(uint64_t state) { Release(state); }
+  void Reattach(int fd, uint64_t state);
+  // Before close_range(first, last) or closefrom(first).
+  void OnCloseRange(unsigned int first, unsigned int last);
+  // After newfd became a duplicate of oldfd (dup, dup2, dup3, F_DUPFD).
+  void OnDup(int oldfd, int newfd);
+  // In the child, after fork: the watcher thread did not survive.
+  void AfterForkChild();
+
+  // The process's slot in the zone, claiming it and starting the watcher
+  // thread on first use. kNoSlot if that failed.
+  uint32_t EnsureProc();
+  uint32_t proc_index() const { return proc_.load(std::memory_order_acquire); }
+
+  // One pass of each watcher duty; public for tests. They skip fds pinned by
+  // another thread.
+  void ApplyChangedShares();
+  void ExpireIdle(int64_t now_ns);
+  void ReapDead();
+
+  // Stops the watcher thread and releases this process's liveness token, so
+  // that the process looks dead to the zone (its registrations get reaped).
+  void StopWatcher();
+
+  Zone& zone() const { return *zone_; }
+
+ private:
+  enum WatcherState : int { kNotStarted, kStarting, kRunning, kFailed };
+
+  static void* WatcherMain(void* self);
+  void RunWatcher();
+  void Register(int fd, FdEntry& entry, const ConnKey& key,
+                const uint8_t peer16[16], uint16_t peer_port);
+  void JoinSlow(int fd, FdEntry& entry, uint64_t state);
+  void Reregister(int fd, FdEntry& entry, uint64_t state);
+  void ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
+                      const ConnSlotShm& conn);
+  void Release(uint64_t state);
+  void AddLocalRef(uint32_t conn_index, uint32_t cookie);
+  bool DropLocalRef(uint32_t conn_index, uint32_t cookie);
+  bool ConnValid(const ConnSlotShm& conn, uint64_t state) const;
+  uint64_t ShareToken(const KeySlotShm& key) const;
+
+  Zone* const zone_;
+  FdTable* const table_;
+  const Logger* const logger_;
+  const GovernorOptions options_;
+  // Per zone connection slot: cookie << 32 | fds of this process holding it.
+  std::atomic<uint64_t>* local_refs_ = nullptr;
+  std::atomic<uint32_t> proc_{kNoSlot};
+  std::atomic<int> watcher_state_{kNotStarted};
+  std::atomic<bool> stop_{false};
+  pthread_t watcher_{};
+  int32_t pid_;
+  mutable std::atomic<int64_t> last_full_log_ns_{0};
+  mutable std::atomic<int64_t> last_fd_log_ns_{0};
+};
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_GOVERNOR_H_

@@ -1,0 +1,639 @@
+#include "src/zone.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/clock.h"
+#include "src/siphash.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr uint64_t kAlign = 64;
+constexpr int64_t kAttachWaitNs = 2 * kNsPerSec;
+
+uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
+
+uint32_t RoundUpPow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v && p < (1u << 31)) p <<= 1;
+  return p;
+}
+
+// Fills geometry for n keys and connections; returns the bytes it needs.
+uint64_t Layout(uint32_t n, ZoneGeometry* g) {
+  g->key_capacity = n;
+  g->conn_capacity = n;
+  g->proc_capacity = n / 4 > 16 ? n / 4 : 16;
+  g->bucket_count = RoundUpPow2(n);
+  g->buckets_offset = AlignUp(sizeof(ZoneHeaderShm));
+  g->keys_offset = AlignUp(g->buckets_offset + 4ULL * g->bucket_count);
+  g->conns_offset = g->keys_offset + sizeof(KeySlotShm) * uint64_t{n};
+  g->procs_offset = g->conns_offset + sizeof(ConnSlotShm) * uint64_t{n};
+  return g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity};
+}
+
+absl::Status InitRobustMutex(pthread_mutex_t* mutex) {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  const int rc = pthread_mutex_init(mutex, &attr);
+  pthread_mutexattr_destroy(&attr);
+  if (rc != 0) return absl::ErrnoToStatus(rc, "pthread_mutex_init");
+  return absl::OkStatus();
+}
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t val,
+           const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout,
+                 nullptr, 0);
+}
+
+}  // namespace
+
+ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
+  ZoneGeometry g;
+  const uint64_t per_unit =
+      sizeof(KeySlotShm) + sizeof(ConnSlotShm) + sizeof(ProcSlotShm) / 4 + 8;
+  uint64_t n = (size_bytes - AlignUp(sizeof(ZoneHeaderShm))) / per_unit;
+  if (n > (1u << 30)) n = 1u << 30;
+  while (n > 1 && Layout(static_cast<uint32_t>(n), &g) > size_bytes) --n;
+  return g;
+}
+
+std::string ZoneShmName(absl::string_view zone_name) {
+  return absl::StrCat("/trafficrate.", zone_name);
+}
+
+Zone::Zone(std::string name, void* base, size_t size)
+    : name_(std::move(name)),
+      base_(base),
+      size_(size),
+      header_(static_cast<ZoneHeaderShm*>(base)) {
+  auto* bytes = static_cast<uint8_t*>(base);
+  buckets_ = reinterpret_cast<uint32_t*>(bytes + header_->buckets_offset);
+  keys_ = reinterpret_cast<KeySlotShm*>(bytes + header_->keys_offset);
+  conns_ = reinterpret_cast<ConnSlotShm*>(bytes + header_->conns_offset);
+  procs_ = reinterpret_cast<ProcSlotShm*>(bytes + header_->procs_offset);
+}
+
+Zone::~Zone() { munmap(base_, size_); }
+
+namespace {
+
+// Fills a fresh (all-zero) segment and publishes it with a release store.
+void InitializeZone(void* base, uint64_t size_bytes,
+                    uint64_t rate_bytes_per_sec) {
+  const ZoneGeometry g = ComputeZoneGeometry(size_bytes);
+  auto* h = static_cast<ZoneHeaderShm*>(base);
+  h->magic = kZoneMagic;
+  h->layout_version = kZoneLayoutVersion;
+  h->header_size = sizeof(ZoneHeaderShm);
+  h->zone_size = size_bytes;
+  h->key_slot_size = sizeof(KeySlotShm);
+  h->conn_slot_size = sizeof(ConnSlotShm);
+  h->proc_slot_size = sizeof(ProcSlotShm);
+  h->bucket_count = g.bucket_count;
+  h->key_capacity = g.key_capacity;
+  h->conn_capacity = g.conn_capacity;
+  h->proc_capacity = g.proc_capacity;
+  h->buckets_offset = g.buckets_offset;
+  h->keys_offset = g.keys_offset;
+  h->conns_offset = g.conns_offset;
+  h->procs_offset = g.procs_offset;
+  if (getrandom(h->hash_seed, sizeof(h->hash_seed), 0) !=
+      static_cast<ssize_t>(sizeof(h->hash_seed))) {
+    // getrandom cannot fail for 16 bytes once the pool is ready; fall back to
+    // time and address bits rather than refusing to run.
+    h->hash_seed[0] = static_cast<uint64_t>(MonotonicNowNs()) ^ getpid();
+    h->hash_seed[1] = reinterpret_cast<uintptr_t>(base) * 0x9e3779b97f4a7c15ULL;
+  }
+  h->rate_bytes_per_sec.store(rate_bytes_per_sec, std::memory_order_relaxed);
+  (void)InitRobustMutex(&h->lock);
+  auto* bytes = static_cast<uint8_t*>(base);
+  auto* buckets = reinterpret_cast<uint32_t*>(bytes + g.buckets_offset);
+  auto* keys = reinterpret_cast<KeySlotShm*>(bytes + g.keys_offset);
+  auto* conns = reinterpret_cast<ConnSlotShm*>(bytes + g.conns_offset);
+  auto* procs = reinterpret_cast<ProcSlotShm*>(bytes + g.procs_offset);
+  for (uint32_t i = 0; i < g.bucket_count; ++i) buckets[i] = kNoSlot;
+  for (uint32_t i = 0; i < g.key_capacity; ++i) {
+    keys[i].next = i + 1 < g.key_capacity ? i + 1 : kNoSlot;
+  }
+  for (uint32_t i = 0; i < g.conn_capacity; ++i) {
+    conns[i].next_free = i + 1 < g.conn_capacity ? i + 1 : kNoSlot;
+    conns[i].key_index.store(kNoSlot, std::memory_order_relaxed);
+    conns[i].proc_index.store(kNoSlot, std::memory_order_relaxed);
+  }
+  for (uint32_t i = 0; i < g.proc_capacity; ++i) {
+    (void)InitRobustMutex(&procs[i].liveness);
+  }
+  h->key_free_head = 0;
+  h->conn_free_head = 0;
+  h->ready.store(1, std::memory_order_release);
+}
+
+// Checks everything the Zone view trusts: magic, version, slot sizes, and a
+// geometry that matches both the stored size and the segment's real size.
+absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
+                            uint64_t actual_size) {
+  if (h.magic != kZoneMagic) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s is not a trafficrate zone (bad magic); remove it with "
+        "`rm /dev/shm%s`",
+        shm, shm));
+  }
+  if (h.layout_version != kZoneLayoutVersion ||
+      h.header_size != sizeof(ZoneHeaderShm) ||
+      h.key_slot_size != sizeof(KeySlotShm) ||
+      h.conn_slot_size != sizeof(ConnSlotShm) ||
+      h.proc_slot_size != sizeof(ProcSlotShm)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s has layout version %u, this library uses %u; stop the "
+        "servers using it and remove it with `rm /dev/shm%s`",
+        shm, h.layout_version, kZoneLayoutVersion, shm));
+  }
+  const bool size_ok = h.zone_size >= kMinZoneSize &&
+                       h.zone_size <= kMaxZoneSize &&
+                       h.zone_size == actual_size;
+  const ZoneGeometry g =
+      size_ok ? ComputeZoneGeometry(h.zone_size) : ZoneGeometry{};
+  if (!size_ok || g.key_capacity != h.key_capacity ||
+      g.conn_capacity != h.conn_capacity ||
+      g.proc_capacity != h.proc_capacity || g.bucket_count != h.bucket_count ||
+      g.buckets_offset != h.buckets_offset || g.keys_offset != h.keys_offset ||
+      g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s has an inconsistent header; remove it with `rm /dev/shm%s`",
+        shm, shm));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
+                                                int fd, uint64_t size_bytes,
+                                                bool creator,
+                                                uint64_t rate_bytes_per_sec) {
+  const std::string shm = ZoneShmName(zone_name);
+  void* base =
+      mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", shm));
+  }
+  if (creator) InitializeZone(base, size_bytes, rate_bytes_per_sec);
+  auto* header = static_cast<ZoneHeaderShm*>(base);
+  const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
+  while (header->ready.load(std::memory_order_acquire) == 0 &&
+         MonotonicNowNs() < deadline) {
+    SleepNs(kNsPerMs);
+  }
+  absl::Status valid =
+      header->ready.load(std::memory_order_acquire) == 0
+          ? absl::FailedPreconditionError(absl::StrFormat(
+                "zone %s was never initialized (its creator died?); remove "
+                "it with `rm /dev/shm%s`",
+                shm, shm))
+          : ValidateHeader(*header, shm, size_bytes);
+  if (!valid.ok()) {
+    munmap(base, size_bytes);
+    return valid;
+  }
+  return std::unique_ptr<Zone>(
+      new Zone(std::string(zone_name), base, size_bytes));
+}
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
+    absl::string_view zone_name, uint64_t size_bytes,
+    uint64_t rate_bytes_per_sec) {
+  if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("zone size %u is outside %u..%u", size_bytes,
+                        kMinZoneSize, kMaxZoneSize));
+  }
+  const std::string shm = ZoneShmName(zone_name);
+  bool creator = true;
+  int fd = shm_open(shm.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    creator = false;
+    fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+  }
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+  absl::Status sized = absl::OkStatus();
+  if (creator) {
+    if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
+      sized = absl::ErrnoToStatus(errno, absl::StrCat("ftruncate ", shm));
+      shm_unlink(shm.c_str());
+    }
+  } else {
+    // The creator may not have sized it yet: wait a bounded time.
+    struct stat st {};
+    const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
+    while (fstat(fd, &st) == 0 && st.st_size == 0 &&
+           MonotonicNowNs() < deadline) {
+      SleepNs(kNsPerMs);
+    }
+    if (static_cast<uint64_t>(st.st_size) != size_bytes) {
+      sized = absl::FailedPreconditionError(absl::StrFormat(
+          "zone %s has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; use "
+          "the same size, another TRAFFICRATE_ZONE, or remove it with "
+          "`rm /dev/shm%s` once no server uses it",
+          shm, st.st_size, size_bytes, shm));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Zone>> zone =
+      sized.ok() ? Map(zone_name, fd, size_bytes, creator, rate_bytes_per_sec)
+                 : sized;
+  close(fd);
+  if (zone.ok() && !creator &&
+      (*zone)->header().rate_bytes_per_sec.load() != rate_bytes_per_sec) {
+    (*zone)->SetRate(rate_bytes_per_sec);
+  }
+  return zone;
+}
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(
+    absl::string_view zone_name) {
+  const std::string shm = ZoneShmName(zone_name);
+  const int fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    if (errno == ENOENT) {
+      return absl::NotFoundError(absl::StrFormat(
+          "no zone %s (no server with TRAFFICRATE_ZONE=%s has started)", shm,
+          zone_name));
+    }
+    return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+  }
+  struct stat st {};
+  absl::StatusOr<std::unique_ptr<Zone>> zone =
+      fstat(fd, &st) != 0
+          ? absl::ErrnoToStatus(errno, absl::StrCat("fstat ", shm))
+          : Map(zone_name, fd, static_cast<uint64_t>(st.st_size),
+                /*creator=*/false, 0);
+  close(fd);
+  return zone;
+}
+
+absl::Status Zone::Unlink(absl::string_view zone_name) {
+  const std::string shm = ZoneShmName(zone_name);
+  if (shm_unlink(shm.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("shm_unlink ", shm));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t Zone::BucketOf(const uint8_t* key_bytes) const {
+  const SipKey seed{header_->hash_seed[0], header_->hash_seed[1]};
+  return static_cast<uint32_t>(SipHash24(seed, key_bytes, kKeyBytes)) &
+         (header_->bucket_count - 1);
+}
+
+uint32_t Zone::FindKeyLocked(const uint8_t* key_bytes) const {
+  uint32_t i = buckets_[BucketOf(key_bytes)];
+  for (uint32_t steps = 0; i < key_capacity() && steps < key_capacity();
+       ++steps) {
+    if (std::memcmp(keys_[i].key, key_bytes, kKeyBytes) == 0) return i;
+    i = keys_[i].next;
+  }
+  return kNoSlot;
+}
+
+uint32_t Zone::FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns) {
+  const uint32_t found = FindKeyLocked(key_bytes);
+  if (found != kNoSlot) return found;
+  const uint32_t i = header_->key_free_head;
+  if (i >= key_capacity()) {
+    header_->table_full.fetch_add(1, std::memory_order_relaxed);
+    return kNoSlot;
+  }
+  KeySlotShm& k = keys_[i];
+  header_->key_free_head = k.next;
+  std::memcpy(k.key, key_bytes, kKeyBytes);
+  k.refs = 0;
+  k.active.store(0, std::memory_order_relaxed);
+  k.bytes_closed.store(0, std::memory_order_relaxed);
+  k.created_ns = now_ns;
+  const uint32_t bucket = BucketOf(key_bytes);
+  k.next = buckets_[bucket];
+  k.in_use = 1;
+  buckets_[bucket] = i;
+  ++header_->keys_used;
+  return i;
+}
+
+uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
+                                  int fd, const uint8_t peer[16],
+                                  uint16_t peer_port) {
+  const uint32_t i = header_->conn_free_head;
+  if (i >= conn_capacity() || key_index >= key_capacity() ||
+      proc_index >= proc_capacity()) {
+    header_->table_full.fetch_add(1, std::memory_order_relaxed);
+    return kNoSlot;
+  }
+  ConnSlotShm& c = conns_[i];
+  header_->conn_free_head = c.next_free;
+  c.next_free = kNoSlot;
+  c.key_index.store(key_index, std::memory_order_relaxed);
+  c.proc_index.store(proc_index, std::memory_order_relaxed);
+  c.fd.store(fd, std::memory_order_relaxed);
+  c.active.store(0, std::memory_order_relaxed);
+  c.share_bytes_per_sec.store(0, std::memory_order_relaxed);
+  c.bytes_sent.store(0, std::memory_order_relaxed);
+  std::memcpy(c.peer, peer, sizeof(c.peer));
+  c.peer_port = peer_port;
+  // Odd: in use. The release store publishes the fields above.
+  c.seq.store(c.seq.load(std::memory_order_relaxed) | 1u,
+              std::memory_order_release);
+  ++keys_[key_index].refs;
+  procs_[proc_index].conns.fetch_add(1, std::memory_order_relaxed);
+  ++header_->conns_used;
+  return i;
+}
+
+void Zone::ReleaseKeyIfUnusedLocked(uint32_t key_index) {
+  if (key_index >= key_capacity()) return;
+  KeySlotShm& k = keys_[key_index];
+  if (!k.in_use || k.refs != 0) return;
+  UnlinkKeyLocked(key_index);
+  FreeKeyLocked(key_index);
+}
+
+void Zone::UnlinkKeyLocked(uint32_t key_index) {
+  uint32_t* link = &buckets_[BucketOf(keys_[key_index].key)];
+  for (uint32_t steps = 0; *link < key_capacity() && steps < key_capacity();
+       ++steps) {
+    if (*link == key_index) {
+      *link = keys_[key_index].next;
+      return;
+    }
+    link = &keys_[*link].next;
+  }
+}
+
+void Zone::FreeKeyLocked(uint32_t key_index) {
+  KeySlotShm& k = keys_[key_index];
+  k.in_use = 0;
+  k.refs = 0;
+  k.active.store(0, std::memory_order_relaxed);
+  k.generation.fetch_add(1, std::memory_order_release);
+  std::memset(k.key, 0, sizeof(k.key));
+  k.next = header_->key_free_head;
+  header_->key_free_head = key_index;
+  if (header_->keys_used > 0) --header_->keys_used;
+}
+
+bool Zone::JoinLocked(uint32_t conn_index) {
+  if (conn_index >= conn_capacity()) return false;
+  ConnSlotShm& c = conns_[conn_index];
+  const uint32_t k = c.key_index.load(std::memory_order_relaxed);
+  if ((c.seq.load(std::memory_order_relaxed) & 1) == 0 || k >= key_capacity() ||
+      c.active.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  c.active.store(1, std::memory_order_relaxed);
+  keys_[k].active.fetch_add(1, std::memory_order_relaxed);
+  keys_[k].generation.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+bool Zone::LeaveLocked(uint32_t conn_index) {
+  if (conn_index >= conn_capacity()) return false;
+  ConnSlotShm& c = conns_[conn_index];
+  const uint32_t k = c.key_index.load(std::memory_order_relaxed);
+  if ((c.seq.load(std::memory_order_relaxed) & 1) == 0 || k >= key_capacity() ||
+      !c.active.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  c.active.store(0, std::memory_order_relaxed);
+  if (keys_[k].active.load(std::memory_order_relaxed) > 0) {
+    keys_[k].active.fetch_sub(1, std::memory_order_relaxed);
+  }
+  keys_[k].generation.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+bool Zone::DeregisterConnLocked(uint32_t conn_index) {
+  if (conn_index >= conn_capacity()) return false;
+  ConnSlotShm& c = conns_[conn_index];
+  if ((c.seq.load(std::memory_order_relaxed) & 1) == 0) return false;
+  const bool changed = LeaveLocked(conn_index);
+  const uint32_t k = c.key_index.load(std::memory_order_relaxed);
+  const uint32_t p = c.proc_index.load(std::memory_order_relaxed);
+  if (k < key_capacity()) {
+    keys_[k].bytes_closed.fetch_add(
+        c.bytes_sent.load(std::memory_order_relaxed),
+        std::memory_order_relaxed);
+    if (keys_[k].refs > 0) --keys_[k].refs;
+  }
+  if (p < proc_capacity() &&
+      procs_[p].conns.load(std::memory_order_relaxed) > 0) {
+    procs_[p].conns.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // Even: free. Any fd entry holding the old cookie now sees it is stale.
+  c.seq.fetch_add(1, std::memory_order_release);
+  c.key_index.store(kNoSlot, std::memory_order_relaxed);
+  c.proc_index.store(kNoSlot, std::memory_order_relaxed);
+  c.active.store(0, std::memory_order_relaxed);
+  c.next_free = header_->conn_free_head;
+  header_->conn_free_head = conn_index;
+  if (header_->conns_used > 0) --header_->conns_used;
+  ReleaseKeyIfUnusedLocked(k);
+  return changed;
+}
+
+void Zone::TransferConnLocked(uint32_t conn_index, uint32_t proc_index,
+                              int fd) {
+  if (conn_index >= conn_capacity() || proc_index >= proc_capacity()) return;
+  ConnSlotShm& c = conns_[conn_index];
+  const uint32_t old = c.proc_index.load(std::memory_order_relaxed);
+  if (old == proc_index) return;
+  if (old < proc_capacity() &&
+      procs_[old].conns.load(std::memory_order_relaxed) > 0) {
+    procs_[old].conns.fetch_sub(1, std::memory_order_relaxed);
+  }
+  procs_[proc_index].conns.fetch_add(1, std::memory_order_relaxed);
+  c.proc_index.store(proc_index, std::memory_order_relaxed);
+  c.fd.store(fd, std::memory_order_relaxed);
+}
+
+uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns) {
+  for (uint32_t i = 0; i < proc_capacity(); ++i) {
+    ProcSlotShm& p = procs_[i];
+    if (p.state.load(std::memory_order_relaxed) != kProcFree) continue;
+    int rc = pthread_mutex_trylock(&p.liveness);
+    if (rc == EOWNERDEAD) {
+      // A reaper died between freeing the slot and unlocking it.
+      pthread_mutex_consistent(&p.liveness);
+      rc = 0;
+    }
+    if (rc != 0) continue;
+    p.pid.store(pid, std::memory_order_relaxed);
+    p.conns.store(0, std::memory_order_relaxed);
+    p.started_ns = now_ns;
+    p.state.store(kProcLive, std::memory_order_release);
+    return i;
+  }
+  header_->table_full.fetch_add(1, std::memory_order_relaxed);
+  return kNoSlot;
+}
+
+bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
+  if (proc_index >= proc_capacity()) return false;
+  ProcSlotShm& p = procs_[proc_index];
+  if (p.state.load(std::memory_order_relaxed) != kProcLive) return false;
+  const int rc = pthread_mutex_trylock(&p.liveness);
+  if (rc == EBUSY) return false;  // its watcher holds it: alive
+  if (rc == 0) {
+    // Held by nobody while marked live: the owner unlocked it on purpose
+    // (never done) or a claim was torn. Treat as dead.
+  } else if (rc != EOWNERDEAD) {
+    return false;
+  }
+  uint32_t reaped = 0;
+  for (uint32_t i = 0; i < conn_capacity(); ++i) {
+    ConnSlotShm& c = conns_[i];
+    if ((c.seq.load(std::memory_order_relaxed) & 1) &&
+        c.proc_index.load(std::memory_order_relaxed) == proc_index) {
+      DeregisterConnLocked(i);
+      ++reaped;
+    }
+  }
+  p.pid.store(0, std::memory_order_relaxed);
+  p.conns.store(0, std::memory_order_relaxed);
+  p.state.store(kProcFree, std::memory_order_release);
+  if (rc == EOWNERDEAD) pthread_mutex_consistent(&p.liveness);
+  pthread_mutex_unlock(&p.liveness);
+  header_->procs_reaped.fetch_add(1, std::memory_order_relaxed);
+  header_->conns_reaped.fetch_add(reaped, std::memory_order_relaxed);
+  if (conns_reaped != nullptr) *conns_reaped = reaped;
+  return true;
+}
+
+bool Zone::ProcMaybeDead(const ProcSlotShm& proc) {
+  // glibc keeps the owner's TID in the low bits of __lock and sets
+  // FUTEX_OWNER_DIED when the kernel releases a dead owner's robust mutex.
+  const int word =
+      __atomic_load_n(&proc.liveness.__data.__lock, __ATOMIC_ACQUIRE);
+  return (word & FUTEX_OWNER_DIED) != 0 || (word & FUTEX_TID_MASK) == 0;
+}
+
+void Zone::RepairLocked() {
+  // Keys: recount refs and active from the connections, which are written
+  // before they are published; drop half-built connections.
+  for (uint32_t i = 0; i < key_capacity(); ++i) {
+    keys_[i].refs = 0;
+    keys_[i].active.store(0, std::memory_order_relaxed);
+  }
+  for (uint32_t i = 0; i < proc_capacity(); ++i) {
+    procs_[i].conns.store(0, std::memory_order_relaxed);
+  }
+  header_->conn_free_head = kNoSlot;
+  header_->conns_used = 0;
+  for (uint32_t n = conn_capacity(); n-- > 0;) {
+    ConnSlotShm& c = conns_[n];
+    const uint32_t k = c.key_index.load(std::memory_order_relaxed);
+    const uint32_t p = c.proc_index.load(std::memory_order_relaxed);
+    const bool in_use = c.seq.load(std::memory_order_relaxed) & 1;
+    if (in_use && k < key_capacity() && keys_[k].in_use &&
+        p < proc_capacity()) {
+      ++keys_[k].refs;
+      if (c.active.load(std::memory_order_relaxed)) {
+        keys_[k].active.fetch_add(1, std::memory_order_relaxed);
+      }
+      procs_[p].conns.fetch_add(1, std::memory_order_relaxed);
+      ++header_->conns_used;
+      continue;
+    }
+    if (in_use) c.seq.fetch_add(1, std::memory_order_release);
+    c.active.store(0, std::memory_order_relaxed);
+    c.key_index.store(kNoSlot, std::memory_order_relaxed);
+    c.proc_index.store(kNoSlot, std::memory_order_relaxed);
+    c.next_free = header_->conn_free_head;
+    header_->conn_free_head = n;
+  }
+  // Chains and the key free list, rebuilt from the keys still referenced.
+  for (uint32_t b = 0; b < header_->bucket_count; ++b) buckets_[b] = kNoSlot;
+  header_->key_free_head = kNoSlot;
+  header_->keys_used = 0;
+  for (uint32_t n = key_capacity(); n-- > 0;) {
+    KeySlotShm& k = keys_[n];
+    k.generation.fetch_add(1, std::memory_order_release);
+    if (k.in_use && k.refs > 0) {
+      const uint32_t bucket = BucketOf(k.key);
+      k.next = buckets_[bucket];
+      buckets_[bucket] = n;
+      ++header_->keys_used;
+      continue;
+    }
+    k.in_use = 0;
+    k.refs = 0;
+    k.next = header_->key_free_head;
+    header_->key_free_head = n;
+  }
+  header_->lock_repairs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Zone::SetRate(uint64_t rate_bytes_per_sec) {
+  header_->rate_bytes_per_sec.store(rate_bytes_per_sec,
+                                    std::memory_order_relaxed);
+  header_->settings_generation.fetch_add(1, std::memory_order_release);
+  WakeWatchers();
+}
+
+uint32_t Zone::ChangeWord() const {
+  return header_->change_word.load(std::memory_order_acquire);
+}
+
+void Zone::WakeWatchers() {
+  header_->change_word.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->watchers_waiting.load(std::memory_order_seq_cst) == 0) return;
+  Futex(&header_->change_word, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void Zone::WaitForChange(uint32_t seen, int64_t timeout_ns) {
+  if (timeout_ns <= 0) return;
+  header_->watchers_waiting.fetch_add(1, std::memory_order_seq_cst);
+  const timespec ts{static_cast<time_t>(timeout_ns / kNsPerSec),
+                    static_cast<long>(timeout_ns % kNsPerSec)};
+  if (header_->change_word.load(std::memory_order_seq_cst) == seen) {
+    Futex(&header_->change_word, FUTEX_WAIT, seen, &ts);
+  }
+  header_->watchers_waiting.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+ZoneLock::ZoneLock(Zone& zone) : zone_(zone) {
+  const int rc = pthread_mutex_lock(&zone_.header().lock);
+  if (rc == EOWNERDEAD) {
+    // The last holder died inside a critical section: rebuild everything that
+    // could be half-written before anyone else sees it.
+    zone_.RepairLocked();
+    pthread_mutex_consistent(&zone_.header().lock);
+    locked_ = true;
+    repaired_ = true;
+    return;
+  }
+  locked_ = rc == 0;
+}
+
+ZoneLock::~ZoneLock() {
+  if (locked_) pthread_mutex_unlock(&zone_.header().lock);
+  // Every generation moved: let all watchers re-apply, outside the lock.
+  if (repaired_) zone_.WakeWatchers();
+}
+
+}  // namespace trafficrate

@@ -1,0 +1,174 @@
+// The shared zone: a POSIX shared memory object /trafficrate.<zone> that every
+// process of a server maps, holding one count per client key, one slot per
+// governed connection and one per process (see zone_layout.h).
+//
+//   TRAFFICRATE_ASSIGN_OR_RETURN(std::unique_ptr<Zone> zone,
+//                                Zone::OpenOrCreate("default", 1 << 20, rate));
+//   uint32_t conn = kNoSlot;
+//   {
+//     ZoneLock lock(*zone);  // robust; memory-only critical section
+//     if (!lock.ok()) return;
+//     uint32_t key = zone->FindOrInsertKeyLocked(key_bytes, now_ns);
+//     if (key != kNoSlot) conn = zone->RegisterConnLocked(key, proc, fd, ...);
+//   }
+//
+// Thread and process safety: functions ending in Locked need a ZoneLock held
+// on the same zone (REQUIRES); the rest are safe from any thread or process.
+// Slot indices passed in must be below the zone's capacities (checked).
+
+#ifndef TRAFFICRATE_SRC_ZONE_H_
+#define TRAFFICRATE_SRC_ZONE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "src/zone_layout.h"
+
+namespace trafficrate {
+
+// How a zone of a given size is divided; a pure function of the size.
+struct ZoneGeometry {
+  uint32_t bucket_count = 0;
+  uint32_t key_capacity = 0;
+  uint32_t conn_capacity = 0;
+  uint32_t proc_capacity = 0;
+  uint64_t buckets_offset = 0;
+  uint64_t keys_offset = 0;
+  uint64_t conns_offset = 0;
+  uint64_t procs_offset = 0;
+};
+
+inline constexpr uint64_t kMinZoneSize = 64 * 1024;
+inline constexpr uint64_t kMaxZoneSize = 1ULL << 30;
+
+// REQUIRES: kMinZoneSize <= size_bytes <= kMaxZoneSize.
+ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes);
+
+// "/trafficrate.<name>", the shm_open name of a zone.
+std::string ZoneShmName(absl::string_view zone_name);
+
+class Zone {
+ public:
+  // Creates the zone if it does not exist (size_bytes, live rate set to
+  // rate_bytes_per_sec), or attaches to it. An existing zone must have the
+  // same layout version and size, else FailedPreconditionError naming it.
+  // An existing zone's live rate is set to rate_bytes_per_sec when it differs
+  // (the last server started with a rate wins; `trafficrate set` changes it).
+  static absl::StatusOr<std::unique_ptr<Zone>> OpenOrCreate(
+      absl::string_view zone_name, uint64_t size_bytes,
+      uint64_t rate_bytes_per_sec);
+
+  // Attaches to an existing zone of any size (for the CLI). NotFoundError if
+  // there is none.
+  static absl::StatusOr<std::unique_ptr<Zone>> Attach(
+      absl::string_view zone_name);
+
+  // Removes the name; processes that have it mapped keep using it.
+  static absl::Status Unlink(absl::string_view zone_name);
+
+  ~Zone();
+  Zone(const Zone&) = delete;
+  Zone& operator=(const Zone&) = delete;
+
+  ZoneHeaderShm& header() const { return *header_; }
+  const std::string& name() const { return name_; }
+  uint32_t key_capacity() const { return header_->key_capacity; }
+  uint32_t conn_capacity() const { return header_->conn_capacity; }
+  uint32_t proc_capacity() const { return header_->proc_capacity; }
+
+  // REQUIRES: index below the matching capacity.
+  KeySlotShm& key(uint32_t index) const { return keys_[index]; }
+  ConnSlotShm& conn(uint32_t index) const { return conns_[index]; }
+  ProcSlotShm& proc(uint32_t index) const { return procs_[index]; }
+
+  // Hash bucket of key bytes under this zone's seed.
+  uint32_t BucketOf(const uint8_t* key_bytes) const;
+
+  // Returns the key's slot, or kNoSlot.
+  uint32_t FindKeyLocked(const uint8_t* key_bytes) const;
+  // Returns the key's slot, inserting it (refs 0) if absent; kNoSlot if full.
+  uint32_t FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns);
+  // Takes a connection slot for key_index owned by proc_index, not active.
+  // Returns kNoSlot if the connection table is full. The caller frees an
+  // unused key (refs 0) with ReleaseKeyIfUnusedLocked.
+  uint32_t RegisterConnLocked(uint32_t key_index, uint32_t proc_index, int fd,
+                              const uint8_t peer[16], uint16_t peer_port);
+  void ReleaseKeyIfUnusedLocked(uint32_t key_index);
+  // Join/Leave return true when the key's membership changed (generation
+  // bumped); the caller wakes watchers after unlocking.
+  bool JoinLocked(uint32_t conn_index);
+  bool LeaveLocked(uint32_t conn_index);
+  // Leaves, then frees the connection, and its key once unused.
+  bool DeregisterConnLocked(uint32_t conn_index);
+  void TransferConnLocked(uint32_t conn_index, uint32_t proc_index, int fd);
+  // Claims a free process slot for pid and locks its liveness mutex from the
+  // calling thread, which must hold it for the life of the process.
+  uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns);
+  // If proc_index's owner died (its liveness mutex reports EOWNERDEAD),
+  // deregisters everything it owned, frees the slot and returns true.
+  bool ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped);
+  // Rebuilds keys, chains and free lists from the connection slots. Called
+  // when the zone lock was taken over from a dead owner.
+  void RepairLocked();
+
+  // Bumps the settings generation so every socket's share is recomputed.
+  void SetRate(uint64_t rate_bytes_per_sec);
+
+  // Futex on header().change_word, shared by all processes.
+  uint32_t ChangeWord() const;
+  void WakeWatchers();
+  // Returns when the change word differs from `seen`, on a wake, or after
+  // timeout_ns (spurious returns possible).
+  void WaitForChange(uint32_t seen, int64_t timeout_ns);
+
+  // Lock-free peek at a live process's liveness mutex: true if its owner
+  // may have died. ReapIfDeadLocked gives the authoritative answer.
+  static bool ProcMaybeDead(const ProcSlotShm& proc);
+
+  // The cookie an fd entry keeps for a connection slot in use.
+  static uint32_t CookieOf(uint32_t seq) { return seq & 0x7fffffffu; }
+
+ private:
+  // REQUIRES: base holds a validated zone of `size` bytes.
+  Zone(std::string name, void* base, size_t size);
+  static absl::StatusOr<std::unique_ptr<Zone>> Map(absl::string_view zone_name,
+                                                   int fd, uint64_t size_bytes,
+                                                   bool creator,
+                                                   uint64_t rate_bytes_per_sec);
+  void UnlinkKeyLocked(uint32_t key_index);
+  void FreeKeyLocked(uint32_t key_index);
+
+  std::string name_;
+  void* base_;
+  size_t size_;
+  ZoneHeaderShm* header_;
+  uint32_t* buckets_;
+  KeySlotShm* keys_;
+  ConnSlotShm* conns_;
+  ProcSlotShm* procs_;
+};
+
+// Holds the zone lock for a scope. On EOWNERDEAD (the last holder died) the
+// zone is repaired before the lock is marked consistent. ok() is false only if
+// the lock cannot be taken at all; the caller must then pass through.
+class ZoneLock {
+ public:
+  explicit ZoneLock(Zone& zone);
+  ~ZoneLock();
+  ZoneLock(const ZoneLock&) = delete;
+  ZoneLock& operator=(const ZoneLock&) = delete;
+  bool ok() const { return locked_; }
+
+ private:
+  Zone& zone_;
+  bool locked_ = false;
+  bool repaired_ = false;
+};
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_ZONE_H_

@@ -1,0 +1,123 @@
+// The layout of the shared memory zone /trafficrate.<zone>.
+//
+// Every process of a server (and the CLI) maps the same segment, each at its
+// own address, so the layout holds no pointers: slots are addressed by index.
+// Every field read without the zone lock is a lock-free std::atomic; the rest
+// is guarded by ZoneHeaderShm::lock. Any change here bumps kZoneLayoutVersion;
+// tests/zone_layout_test.cc pins the sizes and offsets.
+//
+//   header | bucket heads (uint32) | key slots | connection slots | proc slots
+//
+// Keys:        one slot per client key, chained from a bucket array hashed with
+//              SipHash and a per-zone random seed.
+// Connections: one slot per governed connection, owned by one process; the
+//              source of truth from which key counts can be rebuilt.
+// Processes:   one slot per process that owns connections, with a robust
+//              mutex its watcher thread holds for life (the liveness token).
+
+#ifndef TRAFFICRATE_SRC_ZONE_LAYOUT_H_
+#define TRAFFICRATE_SRC_ZONE_LAYOUT_H_
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace trafficrate {
+
+inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
+inline constexpr uint32_t kZoneLayoutVersion = 1;
+inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
+inline constexpr size_t kKeyBytes = 20;
+
+struct KeySlotShm {
+  uint8_t key[kKeyBytes];            // ConnKey bytes
+  uint32_t next;                     // bucket chain, or free list; kNoSlot ends
+  uint32_t in_use;                   // 1 while the slot holds a key
+  uint32_t refs;                     // registered connections, all processes
+  std::atomic<uint32_t> active;      // sending connections, all processes
+  std::atomic<uint32_t> generation;  // bumped on every join and leave
+  std::atomic<uint64_t> bytes_closed;  // bytes of connections already gone
+  int64_t created_ns;                  // CLOCK_MONOTONIC
+  uint64_t reserved;
+};
+
+struct ConnSlotShm {
+  std::atomic<uint32_t> seq;  // odd while in use; bumped on alloc/free
+  std::atomic<uint32_t> key_index;
+  std::atomic<uint32_t> proc_index;  // owning process slot
+  std::atomic<int32_t> fd;           // fd number in the owning process
+  std::atomic<uint32_t> active;      // 1 while counted in its key's active
+  uint32_t next_free;                // free list; kNoSlot ends
+  std::atomic<uint64_t> share_bytes_per_sec;  // last share applied
+  std::atomic<uint64_t> bytes_sent;
+  uint8_t peer[16];    // client address, IPv6 or v4-mapped
+  uint16_t peer_port;  // host order
+  uint16_t reserved0;
+  uint32_t reserved1;
+};
+
+enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
+
+struct ProcSlotShm {
+  pthread_mutex_t liveness;     // robust; held by the owner's watcher
+  std::atomic<uint32_t> state;  // ProcState
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> conns;  // connections it owns
+  uint32_t reserved;
+  int64_t started_ns;  // CLOCK_MONOTONIC
+};
+
+struct ZoneHeaderShm {
+  uint64_t magic;
+  uint32_t layout_version;
+  uint32_t header_size;
+  uint64_t zone_size;
+  uint32_t key_slot_size;
+  uint32_t conn_slot_size;
+  uint32_t proc_slot_size;
+  uint32_t bucket_count;  // a power of two
+  uint32_t key_capacity;
+  uint32_t conn_capacity;
+  uint32_t proc_capacity;
+  uint32_t reserved0;
+  uint64_t buckets_offset;
+  uint64_t keys_offset;
+  uint64_t conns_offset;
+  uint64_t procs_offset;
+  uint64_t hash_seed[2];
+  std::atomic<uint32_t> ready;        // 1 once the creator filled the zone
+  std::atomic<uint32_t> change_word;  // futex: bumped on every change
+  std::atomic<uint64_t> rate_bytes_per_sec;   // live setting
+  std::atomic<uint32_t> settings_generation;  // bumped when settings change
+  std::atomic<uint32_t> watchers_waiting;     // skip futex wake when zero
+  pthread_mutex_t lock;                       // robust, process-shared
+  // Guarded by `lock`.
+  uint32_t key_free_head;
+  uint32_t conn_free_head;
+  uint32_t keys_used;
+  uint32_t conns_used;
+  // Statistics, updated with relaxed atomics.
+  std::atomic<uint64_t> table_full;
+  std::atomic<uint64_t> lock_repairs;
+  std::atomic<uint64_t> procs_reaped;
+  std::atomic<uint64_t> conns_reaped;
+  uint8_t reserved1[104];
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::is_standard_layout_v<KeySlotShm> &&
+              sizeof(KeySlotShm) == 64);
+static_assert(std::is_standard_layout_v<ConnSlotShm> &&
+              sizeof(ConnSlotShm) == 64);
+static_assert(std::is_standard_layout_v<ProcSlotShm> &&
+              sizeof(ProcSlotShm) == 64);
+static_assert(std::is_standard_layout_v<ZoneHeaderShm> &&
+              sizeof(ZoneHeaderShm) == 320);
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_ZONE_LAYOUT_H_

@@ -1,0 +1,242 @@
+#include "src/config.h"
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/key.h"
+
+namespace trafficrate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+// A fake environment that also counts lookups, to check that each variable
+// is read exactly once.
+class FakeEnv {
+ public:
+  FakeEnv() = default;
+  FakeEnv(std::initializer_list<std::pair<const std::string, std::string>> vars)
+      : vars_(vars) {}
+
+  void Set(const std::string& name, const std::string& value) {
+    vars_[name] = value;
+  }
+
+  absl::StatusOr<Config> Parse() {
+    return ParseConfig([this](const char* name) -> const char* {
+      ++lookups_[name];
+      const auto it = vars_.find(name);
+      return it == vars_.end() ? nullptr : it->second.c_str();
+    });
+  }
+
+  const std::map<std::string, int>& lookups() const { return lookups_; }
+
+ private:
+  std::map<std::string, std::string> vars_;
+  std::map<std::string, int> lookups_;
+};
+
+void ExpectErrorNaming(const absl::Status& status, const std::string& name) {
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), StartsWith(name + ": "));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("; use "));
+  EXPECT_THAT(std::string(status.message()), Not(HasSubstr("\n")));
+}
+
+TEST(ParseConfigTest, OnlyRateSetGivesDefaults) {
+  FakeEnv env = {{kEnvRate, "500k"}};
+  const Config config = env.Parse().value();
+  EXPECT_TRUE(config.enabled);
+  EXPECT_EQ(config.rate_bytes_per_sec, 500u * 1024);
+  EXPECT_EQ(config.key.mode, KeyMode::kPeer);
+  EXPECT_EQ(config.key.v4_prefix, 32);
+  EXPECT_EQ(config.key.v6_prefix, 128);
+  EXPECT_EQ(config.zone_name, "default");
+  EXPECT_EQ(config.zone_size_bytes, 1u << 20);
+  EXPECT_EQ(config.log, LogTarget::kStderr);
+  EXPECT_EQ(config.log_path, "");
+  EXPECT_FALSE(config.strict);
+  EXPECT_EQ(config.idle_ns, 200'000'000);
+}
+
+TEST(ParseConfigTest, RateUnsetDisablesTheLibrary) {
+  FakeEnv env;
+  const Config config = env.Parse().value();
+  EXPECT_FALSE(config.enabled);
+  EXPECT_EQ(config.rate_bytes_per_sec, 0u);
+}
+
+TEST(ParseConfigTest, RateUnsetStillValidatesAndKeepsTheRest) {
+  FakeEnv env = {{kEnvZone, "web"}, {kEnvKey, "all"}};
+  const Config config = env.Parse().value();
+  EXPECT_FALSE(config.enabled);
+  EXPECT_EQ(config.zone_name, "web");
+  EXPECT_EQ(config.key.mode, KeyMode::kAll);
+
+  FakeEnv bad = {{kEnvZoneSize, "1k"}};
+  ExpectErrorNaming(bad.Parse().status(), kEnvZoneSize);
+}
+
+TEST(ParseConfigTest, EveryVariableIsReadExactlyOnce) {
+  FakeEnv env = {{kEnvRate, "1m"}};
+  ASSERT_TRUE(env.Parse().ok());
+  std::map<std::string, int> want;
+  for (const char* name : kEnvNames) want[name] = 1;
+  EXPECT_EQ(env.lookups(), want);
+}
+
+TEST(ParseConfigTest, AllVariablesSet) {
+  FakeEnv env = {{kEnvRate, "2m"},         {kEnvKey, "peer/24,64"},
+                 {kEnvZone, "site-1.a_b"}, {kEnvZoneSize, "32m"},
+                 {kEnvLog, "/var/log/tr"}, {kEnvStrict, "1"},
+                 {kEnvIdle, "1s"}};
+  const Config config = env.Parse().value();
+  EXPECT_TRUE(config.enabled);
+  EXPECT_EQ(config.rate_bytes_per_sec, 2u << 20);
+  EXPECT_EQ(config.key.v4_prefix, 24);
+  EXPECT_EQ(config.key.v6_prefix, 64);
+  EXPECT_EQ(config.zone_name, "site-1.a_b");
+  EXPECT_EQ(config.zone_size_bytes, 32u << 20);
+  EXPECT_EQ(config.log, LogTarget::kFile);
+  EXPECT_EQ(config.log_path, "/var/log/tr");
+  EXPECT_TRUE(config.strict);
+  EXPECT_EQ(config.idle_ns, 1'000'000'000);
+}
+
+TEST(ParseConfigTest, EachBadVariableIsNamed) {
+  const std::pair<const char*, const char*> bad_values[] = {
+      {kEnvRate, "5x"},     {kEnvKey, "peers"},    {kEnvZone, "a/b"},
+      {kEnvZoneSize, "2g"}, {kEnvLog, "file.log"}, {kEnvStrict, "yes"},
+      {kEnvIdle, "5h"},
+  };
+  for (const auto& [name, value] : bad_values) {
+    FakeEnv env = {{kEnvRate, "1m"}};
+    env.Set(name, value);
+    const absl::Status status = env.Parse().status();
+    ExpectErrorNaming(status, name);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(std::string("\"") + value + "\""));
+  }
+}
+
+TEST(ParseConfigTest, EachEmptyVariableIsAnError) {
+  for (const char* name : kEnvNames) {
+    FakeEnv env = {{kEnvRate, "1m"}};
+    env.Set(name, "");
+    const absl::Status status = env.Parse().status();
+    ExpectErrorNaming(status, name);
+    EXPECT_THAT(std::string(status.message()),
+                StartsWith(std::string(name) + ": empty; use "));
+  }
+}
+
+TEST(ParseConfigTest, FirstErrorWins) {
+  FakeEnv env = {{kEnvRate, "0"}, {kEnvStrict, "2"}};
+  ExpectErrorNaming(env.Parse().status(), kEnvRate);
+}
+
+TEST(ParseRateTest, Bounds) {
+  EXPECT_EQ(ParseRate("1").value(), 1u);
+  EXPECT_EQ(ParseRate("1048576m").value(), uint64_t{1} << 40);
+  EXPECT_EQ(ParseRate("1073741824k").value(), uint64_t{1} << 40);
+  const absl::Status zero = ParseRate("0").status();
+  ExpectErrorNaming(zero, kEnvRate);
+  EXPECT_THAT(std::string(zero.message()), HasSubstr("below the minimum 1;"));
+  const absl::Status high = ParseRate("1048577m").status();
+  ExpectErrorNaming(high, kEnvRate);
+  EXPECT_THAT(std::string(high.message()),
+              HasSubstr("above the maximum 1048576m"));
+}
+
+TEST(ParseRateTest, GigaIsRefused) {
+  ExpectErrorNaming(ParseRate("1g").status(), kEnvRate);
+}
+
+TEST(ParseRateTest, OverflowIsRefused) {
+  for (const char* value :
+       {"99999999999999999999m", "18446744073709551616", "17592186044416m"}) {
+    ExpectErrorNaming(ParseRate(value).status(), kEnvRate);
+  }
+}
+
+TEST(ParseZoneSizeTest, Bounds) {
+  EXPECT_EQ(ParseZoneSize("64k").value(), 64u << 10);
+  EXPECT_EQ(ParseZoneSize("1g").value(), 1u << 30);
+  EXPECT_EQ(ParseZoneSize("1G").value(), 1u << 30);
+  EXPECT_EQ(ParseZoneSize("1024m").value(), 1u << 30);
+  ExpectErrorNaming(ParseZoneSize("65535").status(), kEnvZoneSize);
+  ExpectErrorNaming(ParseZoneSize("1025m").status(), kEnvZoneSize);
+  ExpectErrorNaming(ParseZoneSize("17179869184g").status(), kEnvZoneSize);
+}
+
+TEST(ParseIdleNsTest, Bounds) {
+  EXPECT_EQ(ParseIdleNs("1ms").value(), 1'000'000);
+  EXPECT_EQ(ParseIdleNs("60s").value(), 60'000'000'000);
+  EXPECT_EQ(ParseIdleNs("200").value(), 200'000'000);
+  ExpectErrorNaming(ParseIdleNs("999us").status(), kEnvIdle);
+  ExpectErrorNaming(ParseIdleNs("61s").status(), kEnvIdle);
+  ExpectErrorNaming(ParseIdleNs("-1").status(), kEnvIdle);
+}
+
+TEST(ParseStrictTest, OnlyZeroAndOne) {
+  EXPECT_FALSE(ParseStrict("0").value());
+  EXPECT_TRUE(ParseStrict("1").value());
+  for (const char* value : {"", "true", "yes", "01", "1 ", "2", "on"}) {
+    ExpectErrorNaming(ParseStrict(value).status(), kEnvStrict);
+  }
+}
+
+TEST(ParseLogTargetTest, NamedTargetsClearThePath) {
+  std::string path = "stale";
+  EXPECT_EQ(ParseLogTarget("stderr", &path).value(), LogTarget::kStderr);
+  EXPECT_EQ(path, "");
+  path = "stale";
+  EXPECT_EQ(ParseLogTarget("syslog", &path).value(), LogTarget::kSyslog);
+  EXPECT_EQ(path, "");
+  EXPECT_EQ(ParseLogTarget("off", &path).value(), LogTarget::kOff);
+}
+
+TEST(ParseLogTargetTest, AbsolutePathIsAFile) {
+  std::string path;
+  EXPECT_EQ(ParseLogTarget("/var/log/trafficrate.log", &path).value(),
+            LogTarget::kFile);
+  EXPECT_EQ(path, "/var/log/trafficrate.log");
+}
+
+TEST(ParseLogTargetTest, OtherValuesAreRefused) {
+  std::string path;
+  for (const char* value :
+       {"", "STDERR", "stdout", "file.log", "./file.log", " /tmp/x"}) {
+    ExpectErrorNaming(ParseLogTarget(value, &path).status(), kEnvLog);
+  }
+}
+
+TEST(ParseZoneNameTest, AcceptsTheDocumentedCharacters) {
+  EXPECT_EQ(ParseZoneName("default").value(), "default");
+  EXPECT_EQ(ParseZoneName("a").value(), "a");
+  EXPECT_EQ(ParseZoneName("Web_1.v-2").value(), "Web_1.v-2");
+  EXPECT_EQ(ParseZoneName("-x").value(), "-x");
+  EXPECT_EQ(ParseZoneName(std::string(64, 'z')).value(), std::string(64, 'z'));
+}
+
+TEST(ParseZoneNameTest, RefusesOthers) {
+  for (const std::string& value :
+       {std::string(""), std::string(".hidden"), std::string("."),
+        std::string("a/b"), std::string("a b"), std::string("zone\n"),
+        std::string("caf\xc3\xa9"), std::string(65, 'z')}) {
+    ExpectErrorNaming(ParseZoneName(value).status(), kEnvZone);
+  }
+}
+
+}  // namespace
+}  // namespace trafficrate
