@@ -92,7 +92,8 @@ void Initialize() {
   if (!config->enabled) return;
   ConfigureLog(*config);
   absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::OpenOrCreate(
-      config->zone_name, config->zone_size_bytes, config->rate_bytes_per_sec);
+      config->zone_name, config->zone_size_bytes, config->rate_bytes_per_sec,
+      config->key);
   if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
   FdTable* table = FdTable::Create(FdTableCapacity());
   if (table == nullptr) {

@@ -543,32 +543,13 @@ void Governor::ExpireIdle(int64_t now_ns) {
 }
 
 void Governor::ReapDead() {
-  const uint32_t me = proc_.load(std::memory_order_acquire);
   uint32_t procs = 0;
-  uint32_t conns = 0;
-  for (uint32_t p = 0; p < zone_->proc_capacity(); ++p) {
-    const ProcSlotShm& slot = zone_->proc(p);
-    if (p == me || slot.state.load(std::memory_order_acquire) != kProcLive ||
-        !Zone::ProcMaybeDead(slot)) {
-      continue;
-    }
-    const int32_t pid = slot.pid.load(std::memory_order_relaxed);
-    uint32_t reaped = 0;
-    {
-      ZoneLock lock(*zone_);
-      if (!lock.ok()) return;
-      if (!zone_->ReapIfDeadLocked(p, &reaped)) continue;
-    }
-    ++procs;
-    conns += reaped;
-    if (reaped > 0) {
-      logger_->Logf(
-          "process %d died holding %u connections of zone %s; "
-          "their counts are released",
-          pid, reaped, zone_->name().c_str());
-    }
+  const uint32_t conns = zone_->ReapDead(&procs);
+  if (conns > 0) {
+    logger_->Logf("%u dead process(es) held %u connection(s) of zone %s; "
+                  "their counts are released",
+                  procs, conns, zone_->name().c_str());
   }
-  if (procs > 0) zone_->WakeWatchers();
 }
 
 }  // namespace trafficrate

@@ -25,6 +25,7 @@ namespace {
 
 constexpr uint64_t kAlign = 64;
 constexpr int64_t kAttachWaitNs = 2 * kNsPerSec;
+constexpr uint32_t kAnyKeySpec = ~0u;  // Attach: accept the zone's key spec
 
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
 
@@ -64,6 +65,33 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t val,
                  nullptr, 0);
 }
 
+uint32_t PackKeySpec(const KeySpec& spec) {
+  return static_cast<uint32_t>(spec.mode) |
+         static_cast<uint32_t>(spec.v4_prefix & 0xff) << 8 |
+         static_cast<uint32_t>(spec.v6_prefix & 0xff) << 16;
+}
+
+KeySpec UnpackKeySpec(uint32_t packed) {
+  KeySpec spec;
+  spec.mode = static_cast<KeyMode>(packed & 0xff);
+  spec.v4_prefix = static_cast<int>((packed >> 8) & 0xff);
+  spec.v6_prefix = static_cast<int>((packed >> 16) & 0xff);
+  return spec;
+}
+
+std::string DescribeKeySpec(const KeySpec& spec) {
+  switch (spec.mode) {
+    case KeyMode::kLocal:
+      return "local";
+    case KeyMode::kAll:
+      return "all";
+    case KeyMode::kPeer:
+      break;
+  }
+  if (spec.v4_prefix == 32 && spec.v6_prefix == 128) return "peer";
+  return absl::StrFormat("peer/%d,%d", spec.v4_prefix, spec.v6_prefix);
+}
+
 }  // namespace
 
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
@@ -98,7 +126,7 @@ namespace {
 
 // Fills a fresh (all-zero) segment and publishes it with a release store.
 void InitializeZone(void* base, uint64_t size_bytes,
-                    uint64_t rate_bytes_per_sec) {
+                    uint64_t rate_bytes_per_sec, uint32_t key_spec) {
   const ZoneGeometry g = ComputeZoneGeometry(size_bytes);
   auto* h = static_cast<ZoneHeaderShm*>(base);
   h->magic = kZoneMagic;
@@ -112,6 +140,7 @@ void InitializeZone(void* base, uint64_t size_bytes,
   h->key_capacity = g.key_capacity;
   h->conn_capacity = g.conn_capacity;
   h->proc_capacity = g.proc_capacity;
+  h->key_spec = key_spec;
   h->buckets_offset = g.buckets_offset;
   h->keys_offset = g.keys_offset;
   h->conns_offset = g.conns_offset;
@@ -189,14 +218,15 @@ absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
 absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
                                                 int fd, uint64_t size_bytes,
                                                 bool creator,
-                                                uint64_t rate_bytes_per_sec) {
+                                                uint64_t rate_bytes_per_sec,
+                                                uint32_t key_spec) {
   const std::string shm = ZoneShmName(zone_name);
   void* base =
       mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", shm));
   }
-  if (creator) InitializeZone(base, size_bytes, rate_bytes_per_sec);
+  if (creator) InitializeZone(base, size_bytes, rate_bytes_per_sec, key_spec);
   auto* header = static_cast<ZoneHeaderShm*>(base);
   const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
   while (header->ready.load(std::memory_order_acquire) == 0 &&
@@ -210,6 +240,13 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
                 "it with `rm /dev/shm%s`",
                 shm, shm))
           : ValidateHeader(*header, shm, size_bytes);
+  if (valid.ok() && key_spec != kAnyKeySpec && header->key_spec != key_spec) {
+    valid = absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s groups clients by TRAFFICRATE_KEY=%s, not %s; use another "
+        "TRAFFICRATE_ZONE for another key",
+        shm, DescribeKeySpec(UnpackKeySpec(header->key_spec)),
+        DescribeKeySpec(UnpackKeySpec(key_spec))));
+  }
   if (!valid.ok()) {
     munmap(base, size_bytes);
     return valid;
@@ -220,7 +257,7 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
     absl::string_view zone_name, uint64_t size_bytes,
-    uint64_t rate_bytes_per_sec) {
+    uint64_t rate_bytes_per_sec, const KeySpec& key_spec) {
   if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
     return absl::InvalidArgumentError(
         absl::StrFormat("zone size %u is outside %u..%u", size_bytes,
@@ -257,7 +294,8 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
     }
   }
   absl::StatusOr<std::unique_ptr<Zone>> zone =
-      sized.ok() ? Map(zone_name, fd, size_bytes, creator, rate_bytes_per_sec)
+      sized.ok() ? Map(zone_name, fd, size_bytes, creator, rate_bytes_per_sec,
+                       PackKeySpec(key_spec))
                  : sized;
   close(fd);
   if (zone.ok() && !creator &&
@@ -284,7 +322,7 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(
       fstat(fd, &st) != 0
           ? absl::ErrnoToStatus(errno, absl::StrCat("fstat ", shm))
           : Map(zone_name, fd, static_cast<uint64_t>(st.st_size),
-                /*creator=*/false, 0);
+                /*creator=*/false, 0, kAnyKeySpec);
   close(fd);
   return zone;
 }
@@ -296,6 +334,8 @@ absl::Status Zone::Unlink(absl::string_view zone_name) {
   }
   return absl::OkStatus();
 }
+
+KeySpec Zone::key_spec() const { return UnpackKeySpec(header_->key_spec); }
 
 uint32_t Zone::BucketOf(const uint8_t* key_bytes) const {
   const SipKey seed{header_->hash_seed[0], header_->hash_seed[1]};
@@ -522,6 +562,27 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
   header_->conns_reaped.fetch_add(reaped, std::memory_order_relaxed);
   if (conns_reaped != nullptr) *conns_reaped = reaped;
   return true;
+}
+
+uint32_t Zone::ReapDead(uint32_t* procs) {
+  uint32_t conns = 0;
+  uint32_t reaped_procs = 0;
+  for (uint32_t p = 0; p < proc_capacity(); ++p) {
+    if (procs_[p].state.load(std::memory_order_acquire) != kProcLive ||
+        !ProcMaybeDead(procs_[p])) {
+      continue;
+    }
+    uint32_t reaped = 0;
+    ZoneLock lock(*this);
+    if (!lock.ok()) break;
+    if (ReapIfDeadLocked(p, &reaped)) {
+      ++reaped_procs;
+      conns += reaped;
+    }
+  }
+  if (reaped_procs > 0) WakeWatchers();
+  if (procs != nullptr) *procs = reaped_procs;
+  return conns;
 }
 
 bool Zone::ProcMaybeDead(const ProcSlotShm& proc) {

@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "src/key.h"
 #include "src/zone_layout.h"
 
 namespace trafficrate {
@@ -54,13 +55,14 @@ std::string ZoneShmName(absl::string_view zone_name);
 class Zone {
  public:
   // Creates the zone if it does not exist (size_bytes, live rate set to
-  // rate_bytes_per_sec), or attaches to it. An existing zone must have the
-  // same layout version and size, else FailedPreconditionError naming it.
+  // rate_bytes_per_sec, keys built with key_spec), or attaches to it. An
+  // existing zone must have the same layout version, size and key spec, else
+  // FailedPreconditionError naming it.
   // An existing zone's live rate is set to rate_bytes_per_sec when it differs
   // (the last server started with a rate wins; `trafficrate set` changes it).
   static absl::StatusOr<std::unique_ptr<Zone>> OpenOrCreate(
       absl::string_view zone_name, uint64_t size_bytes,
-      uint64_t rate_bytes_per_sec);
+      uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec());
 
   // Attaches to an existing zone of any size (for the CLI). NotFoundError if
   // there is none.
@@ -79,6 +81,8 @@ class Zone {
   uint32_t key_capacity() const { return header_->key_capacity; }
   uint32_t conn_capacity() const { return header_->conn_capacity; }
   uint32_t proc_capacity() const { return header_->proc_capacity; }
+  // The TRAFFICRATE_KEY the zone's keys were built with.
+  KeySpec key_spec() const;
 
   // REQUIRES: index below the matching capacity.
   KeySlotShm& key(uint32_t index) const { return keys_[index]; }
@@ -111,6 +115,11 @@ class Zone {
   // If proc_index's owner died (its liveness mutex reports EOWNERDEAD),
   // deregisters everything it owned, frees the slot and returns true.
   bool ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped);
+  // Reaps every process that died (ReapIfDeadLocked on each live slot whose
+  // liveness peek says it may be dead), taking the lock per process and
+  // waking watchers if any was reaped. Returns the connections released;
+  // *procs gets the processes reaped. Not for the hot path.
+  uint32_t ReapDead(uint32_t* procs);
   // Rebuilds keys, chains and free lists from the connection slots. Called
   // when the zone lock was taken over from a dead owner.
   void RepairLocked();
@@ -138,7 +147,8 @@ class Zone {
   static absl::StatusOr<std::unique_ptr<Zone>> Map(absl::string_view zone_name,
                                                    int fd, uint64_t size_bytes,
                                                    bool creator,
-                                                   uint64_t rate_bytes_per_sec);
+                                                   uint64_t rate_bytes_per_sec,
+                                                   uint32_t key_spec);
   void UnlinkKeyLocked(uint32_t key_index);
   void FreeKeyLocked(uint32_t key_index);
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: the unit tests
+# (plain, under AddressSanitizer + UndefinedBehaviorSanitizer, and the shared
+# zone and fd table tests under ThreadSanitizer), then the integration tests
+# against real servers in a private network namespace with a 1500-byte
+# loopback. Exits non-zero if anything fails.
+#
+#   scripts/test.sh              everything
+#   scripts/test.sh --quick      plain unit tests and integration tests only
+set -euo pipefail
+source "$(dirname "$0")/setup.sh"
+cd "$TRAFFICRATE_ROOT"
+
+quick=0
+[[ ${1:-} == --quick ]] && quick=1
+
+start=$(date +%s)
+trafficrate_install_packages
+
+echo "== build"
+trafficrate_build build -DTRAFFICRATE_WERROR=ON
+
+echo "== unit tests"
+ctest --test-dir build --output-on-failure -j2
+
+if ((!quick)); then
+  echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+  trafficrate_build build-asan -DTRAFFICRATE_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j2
+
+  echo "== zone and fd table tests under ThreadSanitizer"
+  trafficrate_build build-tsan -DTRAFFICRATE_SANITIZE=thread
+  TSAN_OPTIONS=halt_on_error=1 \
+    ctest --test-dir build-tsan --output-on-failure -j2 \
+    -R '^(ZoneTest|ZoneLayoutTest|FdTableTest|GovernorTest)\.'
+fi
+
+echo "== integration tests (private network namespace, lo mtu 1500)"
+TRAFFICRATE_BUILD_DIR="$TRAFFICRATE_ROOT/build" unshare -n sh -c \
+  'ip link set lo up mtu 1500 && exec /usr/bin/python3 -m pytest -v -p no:cacheprovider tests/integration'
+
+echo "== all tests passed in $(( $(date +%s) - start )) s"

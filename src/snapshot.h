@@ -1,0 +1,72 @@
+// A consistent copy of a zone's tables, for `trafficrate stat` and tests.
+//
+//   TRAFFICRATE_ASSIGN_OR_RETURN(ZoneSnapshot snap, TakeSnapshot(zone));
+//   for (const KeySnapshot& k : snap.keys) ... k.active ... k.share ...
+//
+// Taken under the zone lock (a memory-only copy), so counts agree with each
+// other. Not for the hot path: it allocates.
+
+#ifndef TRAFFICRATE_SRC_SNAPSHOT_H_
+#define TRAFFICRATE_SRC_SNAPSHOT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/key.h"
+
+namespace trafficrate {
+
+class Zone;
+
+struct KeySnapshot {
+  std::string key;              // FormatConnKey under the zone's key spec
+  uint32_t active = 0;          // sending connections
+  uint32_t connections = 0;     // registered connections (sending or idle)
+  uint64_t share_bytes_per_sec = 0;  // max(1, rate / active)
+  uint64_t bytes_sent = 0;      // live connections plus those already closed
+};
+
+struct ConnSnapshot {
+  uint32_t index = 0;
+  std::string key;
+  std::string peer;             // "127.0.0.2:41234", "[::1]:41234"
+  int32_t pid = 0;              // owning process
+  int32_t fd = -1;              // fd number in that process
+  bool active = false;
+  uint64_t share_bytes_per_sec = 0;  // pacing last applied
+  uint64_t bytes_sent = 0;
+};
+
+struct ProcSnapshot {
+  uint32_t index = 0;
+  int32_t pid = 0;
+  uint32_t connections = 0;
+  bool alive = true;            // false: dead, not yet reaped
+};
+
+struct ZoneSnapshot {
+  std::string name;
+  uint64_t size_bytes = 0;
+  uint64_t rate_bytes_per_sec = 0;
+  KeySpec key_spec;
+  uint32_t key_capacity = 0;
+  uint32_t conn_capacity = 0;
+  uint32_t proc_capacity = 0;
+  uint64_t table_full = 0;
+  uint64_t lock_repairs = 0;
+  uint64_t procs_reaped = 0;
+  uint64_t conns_reaped = 0;
+  std::vector<KeySnapshot> keys;
+  std::vector<ConnSnapshot> connections;
+  std::vector<ProcSnapshot> processes;
+};
+
+// Copies the zone's tables under its lock. UnavailableError if the lock
+// cannot be taken.
+absl::StatusOr<ZoneSnapshot> TakeSnapshot(Zone& zone);
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_SNAPSHOT_H_
