@@ -1,0 +1,111 @@
+"""Fixtures for the trafficrate integration tests (see harness.py).
+
+The suite must run as root in a private network namespace whose loopback has
+MTU 1500; scripts/test.sh does:
+    unshare -n sh -c 'ip link set lo up mtu 1500 && /usr/bin/python3 -m pytest tests/integration'
+The library comes from $TRAFFICRATE_BUILD_DIR (default <repo>/build); a test
+that needs it fails (never skips) when libtrafficrate.so is missing.
+"""
+
+import shutil
+
+import pytest
+
+import harness
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "harness: checks of the test harness itself (no library needed); "
+        "deselect with -m 'not harness'")
+
+
+def pytest_report_header(config):
+    lib = harness.library_path()
+    problems = harness.namespace_problems()
+    return ["trafficrate library: %s (%s)" % (lib, "present" if lib.is_file() else "MISSING"),
+            "test namespace: %s" % ("ok" if not problems else "; ".join(problems))]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def test_namespace():
+    """Every integration test needs root, a private netns and lo at MTU 1500."""
+    problems = harness.namespace_problems()
+    if problems:
+        pytest.fail("integration tests need a private network namespace with a "
+                    "1500-byte loopback: %s.\nRun them via scripts/test.sh, or: "
+                    "unshare -n sh -c 'ip link set lo up mtu 1500 && "
+                    "/usr/bin/python3 -m pytest tests/integration'"
+                    % "; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def session_dir():
+    path = harness.make_workdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def webroot(session_dir):
+    """World-readable directory with big.bin (1 GiB, sparse) and small.txt."""
+    return harness.make_webroot(session_dir)
+
+
+@pytest.fixture
+def workdir():
+    """Per-test directory for configs and logs (readable by nginx workers)."""
+    path = harness.make_workdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def preload():
+    """Path of the built libtrafficrate.so; FAILS the test if it is missing."""
+    lib = harness.library_path()
+    if not lib.is_file():
+        pytest.fail("%s is missing: build the library first (cmake -S . -B build "
+                    "-G Ninja && cmake --build build) or set TRAFFICRATE_BUILD_DIR"
+                    % lib, pytrace=False)
+    return lib
+
+
+@pytest.fixture
+def cli():
+    """Path of the built trafficrate CLI; FAILS the test if it is missing."""
+    path = harness.cli_path()
+    if not path.is_file():
+        pytest.fail("%s is missing: build first or set TRAFFICRATE_BUILD_DIR" % path,
+                    pytrace=False)
+    return path
+
+
+@pytest.fixture
+def zone(request):
+    """A zone name unique to this test; its /dev/shm object is removed after."""
+    name = harness.unique_zone(request.node.name)
+    harness.remove_zone(name)
+    yield name
+    harness.remove_zone(name)
+
+
+@pytest.fixture
+def lib_env(preload, zone):
+    """lib_env(rate=None, **TRAFFICRATE_vars) -> env dict with LD_PRELOAD and
+    this test's zone; e.g. lib_env("500k", STRICT=1)."""
+    def make(rate=None, **variables):
+        return harness.preload_env(zone, rate, library=preload, **variables)
+    return make
+
+
+@pytest.fixture
+def servers(workdir, webroot, zone):
+    """ServerFactory: servers.nginx(env=..., sendfile=...), servers.python(env=...).
+
+    Every server is stopped (by pid, with its workers/children) before the
+    zone is removed.
+    """
+    factory = harness.ServerFactory(workdir, webroot)
+    yield factory
+    factory.stop_all()

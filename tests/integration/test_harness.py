@@ -1,0 +1,166 @@
+"""Checks of the harness itself, without the library.
+
+Two known pacers stand in for trafficrate: nginx's own limit_rate, and the
+kernel pacing (SO_MAX_PACING_RATE, what the library sets) applied statically
+by pyserver.py --pace. If the client-side measurement reads them within 3%,
+the harness can be trusted to judge trafficrate. Also checks that source
+addresses, worker discovery, keep-alive helpers and server shutdown behave as
+the other tests assume.
+"""
+
+import pytest
+
+import harness
+
+pytestmark = pytest.mark.harness
+
+LIMIT = "128k"
+LIMIT_BPS = 131072
+
+
+def between_bursts(download, after):
+    """Midpoint of the first gap of >= 0.5 s in arrivals after `after`.
+
+    nginx's limit_rate sends one second's worth at once, once a second (on its
+    clock's second ticks): a window must start and end between bursts.
+    """
+    times = [t for t in download.times if t > after]
+    for prev, nxt in zip(times, times[1:]):
+        if nxt - prev >= 0.5:
+            return (prev + nxt) / 2
+    raise AssertionError("no pause between bursts after %.2f" % after)
+
+
+@pytest.mark.parametrize("sendfile", [True, False], ids=["sendfile-on", "sendfile-off"])
+def test_measures_nginx_limit_rate_within_3_percent(servers, sendfile):
+    server = servers.nginx(workers=2, sendfile=sendfile, limit_rate=LIMIT)
+    sources = ["127.0.0.2", "127.0.0.3"]
+    dset = harness.DownloadSet(server.port, sources, duration=8.0).start()
+    dset.join()
+    report = []
+    for d in dset.downloads:
+        assert not d.error, d.error
+        t0 = between_bursts(d, d.connected_at + 1.0)
+        rate = d.rate(t0, t0 + 6.0)
+        report.append("%s %.0f B/s over %.1f..%.1f s" % (
+            d.label, rate, t0 - d.start_at, t0 + 6.0 - d.start_at))
+        assert harness.within(rate, LIMIT_BPS, 0.03), report
+    print("\nnginx limit_rate %s, sendfile %s: %s" % (LIMIT, sendfile, "; ".join(report)))
+
+
+@pytest.mark.parametrize("sendfile", [False, True], ids=["send", "sendfile"])
+def test_measures_kernel_pacing_within_3_percent(servers, sendfile):
+    """Static SO_MAX_PACING_RATE shaped like issue 2's target: 4 x 128000 B/s
+    from 127.0.0.2 and 1 x 512000 B/s from 127.0.0.3, same window as
+    test_rate.py. Kernel pacing alone wanders: single connections at
+    128000 B/s were seen up to +7% over 6 s, their sum +0.3..+2.5%."""
+    server = servers.python(sendfile=sendfile,
+                            pace={"127.0.0.2": 128000, "127.0.0.3": 512000})
+    m = harness.run_downloads(server.port, ["127.0.0.2"] * 4 + ["127.0.0.3"],
+                              warmup=2.0, window=8.0, target=512000)
+    report = m.report()
+    print("\n%s, static pacing\n%s" % (server.title, report))
+    assert not [d for d in m.downloads if d.error], report
+    assert harness.within(m.source_rate("127.0.0.2"), 512000, 0.03), report
+    assert harness.within(m.source_rate("127.0.0.3"), 512000, 0.03), report
+    for rate in m.download_rates("127.0.0.2"):
+        assert harness.within(rate, 128000, 0.10), report
+
+
+def test_unlimited_download_is_fast(servers):
+    server = servers.nginx(workers=2)
+    m = harness.run_downloads(server.port, ["127.0.0.2"], warmup=0.5, window=1.5,
+                              repeat=True)
+    print("\n" + m.report())
+    assert m.source_rate("127.0.0.2") > 20 * 512000, m.report()
+
+
+def test_clients_appear_with_their_source_address(servers):
+    server = servers.nginx(workers=2, limit_rate="64k")
+    dset = harness.DownloadSet(server.port, ["127.0.0.2", "127.0.0.3"], duration=3.0)
+    dset.start()
+    try:
+        assert dset.wait_started(5.0)
+        owners = harness.wait_for(lambda: len(harness.socket_owners(server.port)) == 2
+                                  and harness.socket_owners(server.port), 5.0)
+        assert owners, harness.socket_owners(server.port)
+        peers = sorted(o["peer"][0] for o in owners)
+        assert peers == ["127.0.0.2", "127.0.0.3"]
+        workers = set(server.worker_pids())
+        assert all(set(o["pids"]) <= workers for o in owners), (owners, workers)
+    finally:
+        dset.stop()
+        dset.join(5.0)
+
+
+def test_nginx_workers_run_unprivileged_and_stop_with_master(servers):
+    server = servers.nginx(workers=2)
+    workers = server.worker_pids()
+    assert len(workers) == 2
+    for pid in workers:
+        with open("/proc/%d/status" % pid) as f:
+            uid_line = [l for l in f if l.startswith("Uid:")][0]
+        assert uid_line.split()[1] != "0", uid_line
+    assert server.stop() == 0, server.describe()
+    assert not [pid for pid in workers if harness.pid_alive(pid)]
+
+
+@pytest.mark.parametrize("mode", ["thread", "fork"])
+def test_python_server_serves_and_keeps_alive(servers, mode):
+    server = servers.python(mode=mode)
+    sock = harness.open_keepalive(server.port, source="127.0.0.3")
+    try:
+        body = harness.keepalive_get(sock, server.port)
+        assert body.startswith(b"trafficrate small file")
+    finally:
+        sock.close()
+    status, headers, _ = harness.http_get(server.port, harness.BIG_FILE,
+                                          source="127.0.0.2", max_body=1024)
+    assert status == 200 and int(headers["content-length"]) == harness.BIG_FILE_SIZE
+    assert server.stop() is not None
+
+
+def test_killed_nginx_worker_is_respawned(servers):
+    server = servers.nginx(workers=2)
+    before = server.worker_pids()
+    assert harness.kill_pid(before[0])
+    after = harness.wait_for(lambda: len(server.worker_pids()) == 2
+                             and before[0] not in server.worker_pids()
+                             and server.worker_pids(), 5.0)
+    assert after and before[1] in after, (before, server.worker_pids())
+    assert server.ready()
+
+
+def test_forking_server_stop_ends_its_children(servers):
+    server = servers.python(mode="fork")
+    sock = harness.open_keepalive(server.port, source="127.0.0.2")
+    try:
+        children = harness.wait_for(lambda: harness.descendants(server.pid), 5.0)
+        assert children
+        server.stop()
+        assert not [pid for pid in children if harness.pid_alive(pid)]
+    finally:
+        sock.close()
+
+
+def test_downloads_can_join_and_leave_a_running_set(servers):
+    server = servers.python(pace=64000)
+    dset = harness.DownloadSet(server.port, ["127.0.0.2"], duration=3.0).start()
+    late = dset.add("127.0.0.2", start_after=1.0, stop_after=2.0)
+    dset.join()
+    first = dset.downloads[0]
+    assert late.label == "127.0.0.2#2" and not late.error and not first.error
+    assert late.connected_at - first.connected_at > 0.8
+    assert late.finished_at < first.finished_at - 0.5
+    assert late.bytes_at(late.connected_at + 0.1 - 10) == 0
+    assert harness.within(late.rate(late.connected_at + 0.3, late.connected_at + 0.9),
+                          64000, 0.25)
+
+
+def test_stop_ends_workers_orphaned_by_a_killed_master(servers):
+    server = servers.nginx(workers=2)
+    workers = server.worker_pids()
+    assert harness.kill_pid(server.pid)
+    assert server.wait_exit(5.0) is not None
+    server.stop()
+    assert not [pid for pid in workers if harness.pid_alive(pid)]
