@@ -91,9 +91,9 @@ void Initialize() {
   if (!config.ok()) return Fail(g_logger, config.status(), strict);
   if (!config->enabled) return;
   ConfigureLog(*config);
-  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::OpenOrCreate(
-      config->zone_name, config->zone_size_bytes, config->rate_bytes_per_sec,
-      config->key);
+  absl::StatusOr<std::unique_ptr<Zone>> zone =
+      Zone::OpenOrCreate(config->zone_name, config->zone_size_bytes,
+                         config->rate_bytes_per_sec, config->key);
   if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
   FdTable* table = FdTable::Create(FdTableCapacity());
   if (table == nullptr) {

@@ -3,6 +3,8 @@
 #include <sched.h>
 #include <sys/mman.h>
 
+#include "src/clock.h"
+
 namespace trafficrate {
 namespace {
 
@@ -10,6 +12,10 @@ namespace {
 // holder was preempted, yield rather than burn the core.
 constexpr int kPinSpins = 64;
 constexpr int kPinYields = 20000;
+// Untrack must not give up while the holder is merely preempted (on a loaded
+// machine that lasts far longer than kPinYields yields): a close that goes
+// ahead lets the holder act on a reused fd number. So its bound is time.
+constexpr int64_t kUntrackWaitNs = kNsPerSec;
 
 }  // namespace
 
@@ -53,10 +59,13 @@ bool FdTable::TryPin(FdEntry& entry, uint64_t state, bool wait) {
 uint64_t FdTable::Untrack(FdEntry& entry) {
   const uint64_t old = entry.state.exchange(0, std::memory_order_seq_cst);
   if (old == 0) return 0;
-  for (int i = 0; i < kPinSpins + kPinYields &&
-                  entry.busy.load(std::memory_order_seq_cst) != 0;
-       ++i) {
-    if (i >= kPinSpins) sched_yield();
+  for (int i = 0; i < kPinSpins; ++i) {
+    if (entry.busy.load(std::memory_order_seq_cst) == 0) return old;
+  }
+  const int64_t deadline = MonotonicNowNs() + kUntrackWaitNs;
+  while (entry.busy.load(std::memory_order_seq_cst) != 0 &&
+         MonotonicNowNs() < deadline) {
+    sched_yield();
   }
   return old;
 }

@@ -30,11 +30,10 @@ struct FdEntry {
   std::atomic<uint64_t> state;
   // Share token (settings generation << 32 | key generation) last applied.
   std::atomic<uint64_t> applied;
-  std::atomic<int64_t> last_send_ns;  // CLOCK_MONOTONIC of the last send
-  std::atomic<uint32_t> busy;         // 1 while a thread acts on the socket
+  std::atomic<uint32_t> busy;  // 1 while a thread acts on the socket
   uint32_t reserved;
 };
-static_assert(sizeof(FdEntry) == 32);
+static_assert(sizeof(FdEntry) == 24);
 
 inline constexpr uint64_t kTracked = 1ULL << 63;
 inline constexpr uint64_t kNeverApplied = ~0ULL;
@@ -74,8 +73,9 @@ class FdTable {
   static void Unpin(FdEntry& entry) {
     entry.busy.store(0, std::memory_order_release);
   }
-  // Clears the entry and waits (bounded) until no thread has it pinned.
-  // Returns the state it had.
+  // Clears the entry and waits until no thread has it pinned (bounded: about
+  // a second, however long the pin holder stays preempted). Returns the
+  // state it had.
   static uint64_t Untrack(FdEntry& entry);
 
   // In a forked child: no thread of the parent survives to unpin an entry.

@@ -92,17 +92,28 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       logger_(logger),
       options_(options),
       pid_(static_cast<int32_t>(getpid())) {
-  const size_t bytes = sizeof(uint64_t) * zone_->conn_capacity();
+  const size_t bytes = sizeof(LocalConn) * zone_->conn_capacity();
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem != MAP_FAILED) local_refs_ = static_cast<std::atomic<uint64_t>*>(mem);
+  if (mem != MAP_FAILED) local_ = static_cast<LocalConn*>(mem);
 }
 
 Governor::~Governor() {
   StopWatcher();
-  if (local_refs_ != nullptr) {
-    munmap(local_refs_, sizeof(uint64_t) * zone_->conn_capacity());
+  if (local_ != nullptr) {
+    munmap(local_, sizeof(LocalConn) * zone_->conn_capacity());
   }
+}
+
+int64_t Governor::LastSendNs(int fd) const {
+  const FdEntry* entry = table_->Get(fd);
+  const uint64_t state =
+      entry != nullptr ? entry->state.load(std::memory_order_acquire) : 0;
+  if (state == 0 || local_ == nullptr ||
+      StateConn(state) >= zone_->conn_capacity()) {
+    return 0;
+  }
+  return local_[StateConn(state)].last_send_ns.load(std::memory_order_relaxed);
 }
 
 bool Governor::ConnValid(const ConnSlotShm& conn, uint64_t state) const {
@@ -117,7 +128,7 @@ uint64_t Governor::ShareToken(const KeySlotShm& key) const {
 }
 
 void Governor::AddLocalRef(uint32_t conn_index, uint32_t cookie) {
-  std::atomic<uint64_t>& refs = local_refs_[conn_index];
+  std::atomic<uint64_t>& refs = local_[conn_index].refs;
   uint64_t seen = refs.load(std::memory_order_relaxed);
   uint64_t next;
   do {
@@ -126,7 +137,7 @@ void Governor::AddLocalRef(uint32_t conn_index, uint32_t cookie) {
 }
 
 bool Governor::DropLocalRef(uint32_t conn_index, uint32_t cookie) {
-  std::atomic<uint64_t>& refs = local_refs_[conn_index];
+  std::atomic<uint64_t>& refs = local_[conn_index].refs;
   uint64_t seen = refs.load(std::memory_order_relaxed);
   do {
     // Another cookie: this fd held a registration that ended already.
@@ -137,7 +148,7 @@ bool Governor::DropLocalRef(uint32_t conn_index, uint32_t cookie) {
 }
 
 void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
-  if (local_refs_ == nullptr) return;
+  if (local_ == nullptr) return;
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr) {
     if (fd >= 0 && Logger::Allow(last_fd_log_ns_, MonotonicNowNs())) {
@@ -194,7 +205,7 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   }
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
-  entry.last_send_ns.store(now, std::memory_order_relaxed);
+  local_[conn].last_send_ns.store(now, std::memory_order_relaxed);
   entry.state.store(PackState(conn, cookie), std::memory_order_release);
   table_->NoteTracked(fd);
 }
@@ -204,7 +215,8 @@ void Governor::BeforeSend(int fd) {
   if (entry == nullptr) return;
   const uint64_t state = entry->state.load(std::memory_order_acquire);
   if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
-  entry->last_send_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
+  local_[StateConn(state)].last_send_ns.store(MonotonicNowNs(),
+                                              std::memory_order_relaxed);
   const ConnSlotShm& conn = zone_->conn(StateConn(state));
   if (!ConnValid(conn, state)) {
     Reregister(fd, *entry, state);
@@ -311,7 +323,7 @@ void Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
 }
 
 void Governor::Release(uint64_t state) {
-  if (state == 0 || local_refs_ == nullptr) return;
+  if (state == 0 || local_ == nullptr) return;
   const uint32_t index = StateConn(state);
   if (index >= zone_->conn_capacity() ||
       !DropLocalRef(index, StateCookie(state))) {
@@ -377,7 +389,6 @@ void Governor::OnDup(int oldfd, int newfd) {
   AddLocalRef(StateConn(state), StateCookie(state));
   to->applied.store(from->applied.load(std::memory_order_relaxed),
                     std::memory_order_relaxed);
-  to->last_send_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   to->state.store(state, std::memory_order_release);
   table_->NoteTracked(newfd);
 }
@@ -515,7 +526,8 @@ void Governor::ExpireIdle(int64_t now_ns) {
     uint64_t state = entry.state.load(std::memory_order_acquire);
     if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
-    const int64_t last = entry.last_send_ns.load(std::memory_order_relaxed);
+    std::atomic<int64_t>& last_send = local_[StateConn(state)].last_send_ns;
+    const int64_t last = last_send.load(std::memory_order_relaxed);
     if (now_ns - last < options_.idle_ns || !ConnValid(conn, state) ||
         !conn.active.load(std::memory_order_relaxed) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
@@ -535,7 +547,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
     ZoneLock lock(*zone_);
     if (!lock.ok()) return;
     if (ConnValid(conn, state) &&
-        entry.last_send_ns.load(std::memory_order_relaxed) == last) {
+        last_send.load(std::memory_order_relaxed) == last) {
       changed |= zone_->LeaveLocked(StateConn(state));
     }
   }
@@ -546,9 +558,10 @@ void Governor::ReapDead() {
   uint32_t procs = 0;
   const uint32_t conns = zone_->ReapDead(&procs);
   if (conns > 0) {
-    logger_->Logf("%u dead process(es) held %u connection(s) of zone %s; "
-                  "their counts are released",
-                  procs, conns, zone_->name().c_str());
+    logger_->Logf(
+        "%u dead process(es) held %u connection(s) of zone %s; "
+        "their counts are released",
+        procs, conns, zone_->name().c_str());
   }
 }
 

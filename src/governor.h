@@ -93,6 +93,9 @@ class Governor {
   void StopWatcher();
 
   Zone& zone() const { return *zone_; }
+  // CLOCK_MONOTONIC of the last send on fd's connection through any fd of
+  // this process; 0 if fd is not governed.
+  int64_t LastSendNs(int fd) const;
 
  private:
   enum WatcherState : int { kNotStarted, kStarting, kRunning, kFailed };
@@ -115,8 +118,14 @@ class Governor {
   FdTable* const table_;
   const Logger* const logger_;
   const GovernorOptions options_;
-  // Per zone connection slot: cookie << 32 | fds of this process holding it.
-  std::atomic<uint64_t>* local_refs_ = nullptr;
+  // What this process knows of each zone connection slot. Idle time is kept
+  // per connection, not per fd: a connection written through a dup only is
+  // still sending.
+  struct LocalConn {
+    std::atomic<uint64_t> refs;  // cookie << 32 | fds of this process on it
+    std::atomic<int64_t> last_send_ns;
+  };
+  LocalConn* local_ = nullptr;  // zone conn_capacity entries
   std::atomic<uint32_t> proc_{kNoSlot};
   std::atomic<int> watcher_state_{kNotStarted};
   std::atomic<bool> stop_{false};

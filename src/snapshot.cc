@@ -14,7 +14,7 @@ namespace trafficrate {
 namespace {
 
 std::string FormatPeer(const uint8_t addr[16], uint16_t port) {
-  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0, 0,
+  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0,    0,
                                           0, 0, 0, 0, 0xff, 0xff};
   char text[INET6_ADDRSTRLEN] = "";
   if (std::memcmp(addr, kMapped, sizeof(kMapped)) == 0) {
@@ -46,8 +46,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(Zone& zone) {
   {
     ZoneLock lock(zone);
     if (!lock.ok()) {
-      return absl::UnavailableError(absl::StrFormat(
-          "cannot lock zone %s", ZoneShmName(zone.name())));
+      return absl::UnavailableError(
+          absl::StrFormat("cannot lock zone %s", ZoneShmName(zone.name())));
     }
     snap.rate_bytes_per_sec = h.rate_bytes_per_sec.load();
     snap.table_full = h.table_full.load();
@@ -94,10 +94,9 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(Zone& zone) {
       snap.connections.push_back(std::move(row));
     }
   }
-  std::sort(snap.keys.begin(), snap.keys.end(),
-            [](const KeySnapshot& a, const KeySnapshot& b) {
-              return a.key < b.key;
-            });
+  std::sort(
+      snap.keys.begin(), snap.keys.end(),
+      [](const KeySnapshot& a, const KeySnapshot& b) { return a.key < b.key; });
   return snap;
 }
 

@@ -21,19 +21,19 @@ namespace trafficrate {
 class Zone;
 
 struct KeySnapshot {
-  std::string key;              // FormatConnKey under the zone's key spec
-  uint32_t active = 0;          // sending connections
-  uint32_t connections = 0;     // registered connections (sending or idle)
+  std::string key;                   // FormatConnKey under the zone's key spec
+  uint32_t active = 0;               // sending connections
+  uint32_t connections = 0;          // registered connections (sending or idle)
   uint64_t share_bytes_per_sec = 0;  // max(1, rate / active)
-  uint64_t bytes_sent = 0;      // live connections plus those already closed
+  uint64_t bytes_sent = 0;  // live connections plus those already closed
 };
 
 struct ConnSnapshot {
   uint32_t index = 0;
   std::string key;
-  std::string peer;             // "127.0.0.2:41234", "[::1]:41234"
-  int32_t pid = 0;              // owning process
-  int32_t fd = -1;              // fd number in that process
+  std::string peer;  // "127.0.0.2:41234", "[::1]:41234"
+  int32_t pid = 0;   // owning process
+  int32_t fd = -1;   // fd number in that process
   bool active = false;
   uint64_t share_bytes_per_sec = 0;  // pacing last applied
   uint64_t bytes_sent = 0;
@@ -43,7 +43,7 @@ struct ProcSnapshot {
   uint32_t index = 0;
   int32_t pid = 0;
   uint32_t connections = 0;
-  bool alive = true;            // false: dead, not yet reaped
+  bool alive = true;  // false: dead, not yet reaped
 };
 
 struct ZoneSnapshot {

@@ -82,7 +82,7 @@ struct ZoneHeaderShm {
   uint32_t key_capacity;
   uint32_t conn_capacity;
   uint32_t proc_capacity;
-  uint32_t key_spec;                    // PackKeySpec(TRAFFICRATE_KEY)
+  uint32_t key_spec;  // PackKeySpec(TRAFFICRATE_KEY)
   uint64_t buckets_offset;
   uint64_t keys_offset;
   uint64_t conns_offset;

@@ -168,10 +168,11 @@ void PrintTable(const ZoneSnapshot& s) {
       s.name.c_str(), FormatByteCount(s.rate_bytes_per_sec, false).c_str(),
       static_cast<unsigned long long>(s.rate_bytes_per_sec), s.keys.size(),
       s.connections.size(), active, s.processes.size());
-  std::printf("capacity %u keys, %u connections, %u processes; table full "
-              "%llu times\n\n",
-              s.key_capacity, s.conn_capacity, s.proc_capacity,
-              static_cast<unsigned long long>(s.table_full));
+  std::printf(
+      "capacity %u keys, %u connections, %u processes; table full "
+      "%llu times\n\n",
+      s.key_capacity, s.conn_capacity, s.proc_capacity,
+      static_cast<unsigned long long>(s.table_full));
   std::printf("%-40s %7s %7s %12s %14s\n", "KEY", "ACTIVE", "CONNS",
               "SHARE B/s", "SENT BYTES");
   for (const KeySnapshot& k : s.keys) {
@@ -240,9 +241,8 @@ int Run(const std::vector<std::string>& args) {
     const char* env;
   };
   static constexpr Flag kFlags[] = {
-      {"--rate", kEnvRate},        {"--key", kEnvKey},
-      {"--zone", kEnvZone},        {"--zone-size", kEnvZoneSize},
-      {"--idle", kEnvIdle},        {"--log", kEnvLog},
+      {"--rate", kEnvRate},          {"--key", kEnvKey},   {"--zone", kEnvZone},
+      {"--zone-size", kEnvZoneSize}, {"--idle", kEnvIdle}, {"--log", kEnvLog},
   };
   std::string library;
   size_t i = 0;
@@ -266,8 +266,9 @@ int Run(const std::vector<std::string>& args) {
     }
   }
   if (i + 1 >= args.size()) {
-    return Usage("run: give the server after --, e.g. trafficrate run "
-                 "--rate 500k -- nginx");
+    return Usage(
+        "run: give the server after --, e.g. trafficrate run "
+        "--rate 500k -- nginx");
   }
   if (getenv(kEnvRate) == nullptr) {
     return Usage("run: --rate is required (e.g. --rate 500k)");
@@ -285,10 +286,9 @@ int Run(const std::vector<std::string>& args) {
     return kFailed;
   }
   const char* preload = getenv("LD_PRELOAD");
-  const std::string value =
-      preload != nullptr && *preload != '\0'
-          ? absl::StrCat(library, ":", preload)
-          : library;
+  const std::string value = preload != nullptr && *preload != '\0'
+                                ? absl::StrCat(library, ":", preload)
+                                : library;
   setenv("LD_PRELOAD", value.c_str(), 1);
   std::vector<char*> argv;
   for (size_t j = i + 1; j < args.size(); ++j) {

@@ -45,11 +45,11 @@ constexpr int64_t kChangeTimeoutNs = 2 * kNsPerSec;
 
 // Shared between parent and child (MAP_SHARED | MAP_ANONYMOUS).
 struct Channel {
-  std::atomic<uint32_t> seq;        // parent: a new change was made
-  std::atomic<uint32_t> ack;        // child: all siblings show it
-  std::atomic<uint64_t> expected;   // the share siblings must show
-  std::atomic<int64_t> start_ns;    // parent: clock before the change
-  std::atomic<int64_t> done_ns;     // child: clock when converged
+  std::atomic<uint32_t> seq;       // parent: a new change was made
+  std::atomic<uint32_t> ack;       // child: all siblings show it
+  std::atomic<uint64_t> expected;  // the share siblings must show
+  std::atomic<int64_t> start_ns;   // parent: clock before the change
+  std::atomic<int64_t> done_ns;    // child: clock when converged
   std::atomic<uint32_t> ready;
   std::atomic<uint32_t> stop;
 };
@@ -82,8 +82,8 @@ int Listen(sockaddr_in* addr) {
 int AcceptOne(int listener, const sockaddr_in& addr, Governor& gov,
               std::vector<int>* clients) {
   const int client = socket(AF_INET, SOCK_STREAM, 0);
-  if (connect(client, reinterpret_cast<const sockaddr*>(&addr),
-              sizeof(addr)) != 0) {
+  if (connect(client, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) !=
+      0) {
     std::perror("connect");
     std::exit(1);
   }
@@ -212,9 +212,10 @@ int Main(int argc, char** argv) {
   waitpid(child, &status, 0);
   gov.StopWatcher();
   (void)Zone::Unlink(name);
-  std::printf("convergence: %d changes, %d siblings in another process, gap "
-              "%d ms, %d failed\n",
-              changes, siblings, gap_ms, failures);
+  std::printf(
+      "convergence: %d changes, %d siblings in another process, gap "
+      "%d ms, %d failed\n",
+      changes, siblings, gap_ms, failures);
   Report("join", joins);
   Report("leave", leaves);
   std::vector<int64_t> all = joins;

@@ -122,6 +122,16 @@ def namespace_problems():
     return problems
 
 
+def sysctl(name, value=None):
+    """Read (and with value, set) a sysctl via /proc/sys; returns the old
+    value. net.* settings belong to this network namespace only."""
+    path = Path("/proc/sys") / name.replace(".", "/")
+    old = path.read_text().strip()
+    if value is not None:
+        path.write_text("%s\n" % value)
+    return old
+
+
 # ---------------------------------------------------------------------- zones
 
 _zone_counter = 0
@@ -234,6 +244,21 @@ def proc_cmdline(pid):
         return None
 
 
+def proc_starttime(pid):
+    """The process's start time (clock ticks since boot), or None if gone.
+
+    With the pid it identifies a process for good: a reused pid has a later
+    start time. (Its command line does not: nginx retitles its processes,
+    e.g. "worker process is shutting down".)
+    """
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
 def pid_alive(pid):
     """True while pid exists and is not a zombie."""
     try:
@@ -242,6 +267,12 @@ def pid_alive(pid):
     except OSError:
         return False
     return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+
+
+def children(pid):
+    """Live direct children of pid, from /proc."""
+    return sorted(int(e) for e in os.listdir("/proc")
+                  if e.isdigit() and _ppid(int(e)) == pid)
 
 
 def descendants(pid):
@@ -294,6 +325,71 @@ def socket_owners(port, host=SERVER_HOST):
     return result
 
 
+def established(port, source=None, host=SERVER_HOST):
+    """How many established connections to host:port (from source) exist."""
+    return len([o for o in socket_owners(port, host)
+                if source is None or o["peer"][0] == source])
+
+
+# Source ports for probe_owner()/ports_by_worker(): below the kernel's
+# ephemeral range (ip_local_port_range 32768-60999), so bind(0) never picks them.
+PROBE_PORT_FIRST, PROBE_PORT_LAST = 20000, 32000
+_next_probe_port = PROBE_PORT_FIRST
+
+
+def probe_owner(port, source, source_port, host=SERVER_HOST, timeout=2.0):
+    """Which pid accepts a connection from source:source_port to host:port?
+
+    Connects, waits until `ss` shows the accepting process, then resets the
+    connection (SO_LINGER 0: no TIME_WAIT, the port is free again at once).
+    The probe sends nothing, so it never joins a key. With nginx `listen ...
+    reuseport` the kernel picks the worker's socket by a hash of the 4-tuple,
+    so a later connection from the same source port lands on the same worker
+    (as long as the worker set is the same).
+    """
+    sock = _connect(port, source, host, timeout, source_port=source_port)
+    try:
+        def owner():
+            for o in socket_owners(port, host):
+                if o["peer"] == (source, source_port) and o["pids"]:
+                    return o["pids"]
+            return None
+        pids = wait_for(owner, timeout, 0.005)
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    return pids[0] if pids else None
+
+
+def ports_by_worker(port, source, wanted, host=SERVER_HOST, max_probes=200):
+    """Source ports whose connections land on chosen worker processes.
+
+    wanted: {pid: how many ports}. Returns {pid: [source ports]}. Needs a
+    server whose workers each listen on their own reuseport socket (nginx
+    `listen ... reuseport`). Raises RuntimeError if the probes do not find
+    enough ports for every pid.
+    """
+    global _next_probe_port
+    found = {pid: [] for pid in wanted}
+    seen = {}
+    for _ in range(max_probes):
+        if all(len(found[pid]) >= n for pid, n in wanted.items()):
+            return found
+        sport = _next_probe_port
+        _next_probe_port += 1
+        if _next_probe_port > PROBE_PORT_LAST:
+            _next_probe_port = PROBE_PORT_FIRST
+        try:
+            pid = probe_owner(port, source, sport, host)
+        except OSError:
+            continue  # port busy: try the next one
+        seen[pid] = seen.get(pid, 0) + 1
+        if pid in found and len(found[pid]) < wanted[pid]:
+            found[pid].append(sport)
+    raise RuntimeError("ports_by_worker: wanted %s, found %s after %d probes "
+                       "(accepting pids seen: %s)" % (wanted, found, max_probes, seen))
+
+
 # -------------------------------------------------------------------- servers
 
 _live_servers = set()
@@ -303,6 +399,28 @@ _live_servers = set()
 def _stop_leftover_servers():
     for server in list(_live_servers):
         server.stop()
+
+
+class PidProcess:
+    """Popen-like handle (pid, poll, wait) on a process that is not our child,
+    e.g. a daemonized nginx master. Its exit status is unknown: 0 once gone."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.start = proc_starttime(pid)
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and not (
+                pid_alive(self.pid) and proc_starttime(self.pid) == self.start):
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if not wait_for(lambda: self.poll() is not None,
+                        1e9 if timeout is None else timeout):
+            raise subprocess.TimeoutExpired("pid %d" % self.pid, timeout)
+        return self.returncode
 
 
 class Server:
@@ -321,16 +439,29 @@ class Server:
         self.stderr_path = self.workdir / ("%s-%d.stderr" % (self.name, self.port))
         self.argv = []
         self.title = self.name
-        self._seen = {}  # pid -> cmdline of descendants seen so far
+        self._seen = {}  # pid -> start time of descendants seen so far
 
     def family(self):
         """Live descendants (workers, forked children), remembered so they can
         still be stopped after the main process died (e.g. SIGKILLed master)."""
         if self.proc is not None and self.proc.poll() is None:
-            for pid in descendants(self.proc.pid):
-                self._seen.setdefault(pid, proc_cmdline(pid))
-        return [pid for pid, cmd in self._seen.items()
-                if pid_alive(pid) and proc_cmdline(pid) == cmd]
+            self.remember(descendants(self.proc.pid))
+        return [pid for pid, start in self._seen.items()
+                if pid_alive(pid) and proc_starttime(pid) == start]
+
+    def _still_ours(self, pid):
+        return pid_alive(pid) and proc_starttime(pid) == self._seen.get(pid)
+
+    def remember(self, pids):
+        """Count these processes (and, while alive, their descendants) as
+        this server's: stop() stops them too. For processes that are not
+        descendants of the main one, e.g. a new nginx master after USR2
+        once the old master has exited."""
+        for pid in pids:
+            for p in [pid] + descendants(pid):
+                start = proc_starttime(p)
+                if start is not None:
+                    self._seen.setdefault(p, start)
 
     @property
     def pid(self):
@@ -410,10 +541,10 @@ class Server:
             rc = self.wait_exit(timeout)
         # Orphaned workers / forked children (e.g. after a SIGKILLed master).
         for pid in family:
-            if pid_alive(pid):
+            if self._still_ours(pid):
                 kill_pid(pid, signal.SIGTERM)
         for pid in family:
-            if not wait_for(lambda: not pid_alive(pid), 2.0):
+            if not wait_for(lambda: not self._still_ours(pid), 2.0):
                 kill_pid(pid, signal.SIGKILL)
         _live_servers.discard(self)
         return rc
@@ -433,9 +564,10 @@ class NginxServer(Server):
     def __init__(self, workdir, webroot, port=None, env=None, workers=2,
                  sendfile=True, limit_rate=None, keepalive_timeout="65s",
                  reuseport=False, env_directives=(), user="nobody nogroup",
-                 extra_http="", extra_server=""):
+                 extra_http="", extra_server="", detached=False):
         super().__init__(workdir, port, env)
         self.webroot = Path(webroot)
+        self.detached = detached
         self.workers = workers
         self.prefix = self.workdir / ("nginx-%d" % self.port)
         self.conf_path = self.prefix / "nginx.conf"
@@ -458,7 +590,7 @@ class NginxServer(Server):
         lines = ["user %s;" % s["user"] if s["user"] else "",
                  "worker_processes %d;" % self.workers,
                  "master_process on;",
-                 "daemon off;",
+                 "daemon %s;" % ("on" if self.detached else "off"),
                  "pid %s;" % (self.prefix / "nginx.pid"),
                  "error_log %s notice;" % self.error_log]
         lines += ["env %s;" % name for name in s["env_directives"]]
@@ -490,7 +622,30 @@ class NginxServer(Server):
     def start(self, wait_ready=True, timeout=10.0):
         (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
         self.conf_path.write_text(self.conf_text())
-        return super().start(wait_ready, timeout)
+        if not self.detached:
+            return super().start(wait_ready, timeout)
+        # daemon on: the process we start forks the master and exits.
+        super().start(wait_ready=False)
+        rc = self.wait_exit(timeout)
+        if rc != 0:
+            raise RuntimeError("nginx (daemon on) did not start: rc %s\n%s"
+                               % (rc, self.describe()))
+        pid = wait_for(self.pid_from_file, timeout)
+        if not pid:
+            raise RuntimeError("nginx wrote no pid file\n%s" % self.describe())
+        self.proc = PidProcess(pid)
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def pid_from_file(self, suffix=""):
+        """The live pid in nginx.pid (suffix ".oldbin": the old master's
+        during a binary upgrade), or None."""
+        try:
+            pid = int((self.prefix / ("nginx.pid" + suffix)).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
 
     def output(self):
         text = super().output()
@@ -500,13 +655,25 @@ class NginxServer(Server):
             pass
         return text
 
-    def worker_pids(self):
-        """Live worker processes of this master, by pid."""
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        self.family()
-        return [pid for pid in descendants(self.proc.pid)
-                if "worker process" in (proc_cmdline(pid) or "")]
+    def worker_pids(self, master=None, shutting_down=False):
+        """Live worker processes of this master (or of another master pid,
+        e.g. a new one after USR2), by pid. nginx retitles a worker that
+        finishes gracefully "worker process is shutting down": those are
+        left out unless shutting_down=True (then only those are listed)."""
+        if master is None:
+            if self.proc is None or self.proc.poll() is not None:
+                return []
+            self.family()
+            master = self.proc.pid
+        else:
+            self.remember([master])
+        result = []
+        for pid in children(master):
+            cmd = proc_cmdline(pid) or ""
+            if "worker process" in cmd and (
+                    "shutting down" in cmd) == bool(shutting_down):
+                result.append(pid)
+        return result
 
     def extra_ready(self):
         return len(self.worker_pids()) >= self.workers
@@ -569,12 +736,14 @@ def within(value, target, tolerance):
 
 # ---------------------------------------------------------------- HTTP client
 
-def _connect(port, source=None, host=SERVER_HOST, timeout=5.0):
+def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0):
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
-        if source:
-            sock.bind((source, 0))
+        if source or source_port:
+            if source_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((source or "0.0.0.0", source_port or 0))
         sock.connect((host, port))
     except BaseException:
         sock.close()
@@ -683,9 +852,10 @@ class Download(threading.Thread):
 
     def __init__(self, port, source=None, path=BIG_FILE, label=None,
                  start_at=None, stop_at=None, host=SERVER_HOST, repeat=False,
-                 recv_timeout=0.25):
+                 recv_timeout=0.25, source_port=0):
         super().__init__(daemon=True)
         self.port, self.source, self.path, self.host = port, source, path, host
+        self.source_port = source_port  # 0: any (see ports_by_worker)
         self.label = label or (source or "default")
         self.start_at = start_at if start_at is not None else time.monotonic()
         self.stop_at = stop_at if stop_at is not None else self.start_at + 10.0
@@ -728,7 +898,8 @@ class Download(threading.Thread):
         self.totals.append(self.total)
 
     def _one_request(self):
-        with _connect(self.port, self.source, self.host) as sock:
+        with _connect(self.port, self.source, self.host,
+                      source_port=self.source_port) as sock:
             now = time.monotonic()
             if self.connected_at is None:
                 self.connected_at = now
@@ -805,21 +976,38 @@ class Measurement:
         return "\n".join(lines)
 
 
+def bucket_rates(downloads, t0, t1, step=1.0):
+    """Consecutive buckets [a, a + step) from t0 up to t1 (monotonic times):
+    a list of (a, b, summed B/s, [B/s of each download])."""
+    result = []
+    n = int(round((t1 - t0) / step))
+    for i in range(n):
+        a, b = t0 + i * step, t0 + (i + 1) * step
+        rates = [d.rate(a, b) for d in downloads]
+        result.append((a, b, sum(rates), rates))
+    return result
+
+
 class DownloadSet:
     """Parallel downloads, all from one start time."""
 
     def __init__(self, port, sources, path=BIG_FILE, duration=10.0,
-                 start_delay=0.05, repeat=False, host=SERVER_HOST):
+                 start_delay=0.05, repeat=False, host=SERVER_HOST,
+                 source_ports=None):
+        """source_ports: optional list parallel to sources (0 = any), e.g.
+        from ports_by_worker() to choose which reuseport worker serves each."""
         self.start_at = time.monotonic() + start_delay
         self.stop_at = self.start_at + duration
         counts = {}
         self.downloads = []
-        for source in sources:
+        source_ports = list(source_ports or [])
+        for i, source in enumerate(sources):
             counts[source] = counts.get(source, 0) + 1
             self.downloads.append(Download(
                 port, source, path, label="%s#%d" % (source, counts[source]),
                 start_at=self.start_at, stop_at=self.stop_at, host=host,
-                repeat=repeat))
+                repeat=repeat,
+                source_port=source_ports[i] if i < len(source_ports) else 0))
         self.port, self.host = port, host
         self.owners = {}
 
@@ -828,7 +1016,8 @@ class DownloadSet:
             d.start()
         return self
 
-    def add(self, source, start_after=0.0, stop_after=None, path=BIG_FILE):
+    def add(self, source, start_after=0.0, stop_after=None, path=BIG_FILE,
+            source_port=0):
         """Start one more download `start_after` s after this set's start,
         ending `stop_after` s after the set's start (default: with the set).
         For join/leave scenarios; returns the started Download."""
@@ -836,7 +1025,7 @@ class DownloadSet:
         d = Download(self.port, source, path, label="%s#%d" % (source, count),
                      start_at=self.start_at + start_after,
                      stop_at=self.start_at + stop_after if stop_after else self.stop_at,
-                     host=self.host)
+                     host=self.host, source_port=source_port)
         self.downloads.append(d)
         d.start()
         return d
@@ -911,6 +1100,15 @@ def run_cli(*args, timeout=10.0, env=None):
     return subprocess.run([str(cli_path())] + [str(a) for a in args],
                           capture_output=True, text=True, timeout=timeout,
                           env=server_environment(env))
+
+
+def key_stat(zone, key):
+    """The stat entry of one key: {key, active, connections, share, bytes};
+    zeros when the zone has no such key (no registered connection)."""
+    for entry in stat_json(zone)["keys"]:
+        if entry["key"] == key:
+            return entry
+    return {"key": key, "active": 0, "connections": 0, "share": 0, "bytes": 0}
 
 
 def stat_json(zone, timeout=10.0):

@@ -1,0 +1,314 @@
+// Pins the shared memory layout. Every process that maps a zone must agree on
+// it byte for byte, so a change here must be deliberate: update the pinned
+// numbers AND bump kZoneLayoutVersion (and add its fingerprint below).
+
+#include "src/zone_layout.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "src/zone.h"
+
+namespace trafficrate {
+namespace {
+
+TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
+  EXPECT_EQ(kZoneLayoutVersion, 1u);
+  EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
+  EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
+  EXPECT_EQ(kKeyBytes, 20u);
+  EXPECT_EQ(kProcFree, 0u);
+  EXPECT_EQ(kProcLive, 1u);
+  EXPECT_EQ(sizeof(pthread_mutex_t), 40u);
+}
+
+TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(ZoneHeaderShm), 320u);
+  EXPECT_EQ(alignof(ZoneHeaderShm), 8u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, magic), 0u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, layout_version), 8u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, header_size), 12u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, zone_size), 16u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, key_slot_size), 24u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conn_slot_size), 28u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, proc_slot_size), 32u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, bucket_count), 36u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, key_capacity), 40u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conn_capacity), 44u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, proc_capacity), 48u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, key_spec), 52u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, buckets_offset), 56u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, keys_offset), 64u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_offset), 72u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_offset), 80u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, hash_seed), 88u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, ready), 104u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, change_word), 108u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, rate_bytes_per_sec), 112u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, settings_generation), 120u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, watchers_waiting), 124u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, lock), 128u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, key_free_head), 168u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conn_free_head), 172u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, keys_used), 176u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_used), 180u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, table_full), 184u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, lock_repairs), 192u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_reaped), 200u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_reaped), 208u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 216u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 104u);
+}
+
+TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(KeySlotShm), 64u);
+  EXPECT_EQ(alignof(KeySlotShm), 8u);
+  EXPECT_EQ(offsetof(KeySlotShm, key), 0u);
+  EXPECT_EQ(sizeof(KeySlotShm::key), 20u);
+  EXPECT_EQ(offsetof(KeySlotShm, next), 20u);
+  EXPECT_EQ(offsetof(KeySlotShm, in_use), 24u);
+  EXPECT_EQ(offsetof(KeySlotShm, refs), 28u);
+  EXPECT_EQ(offsetof(KeySlotShm, active), 32u);
+  EXPECT_EQ(offsetof(KeySlotShm, generation), 36u);
+  EXPECT_EQ(offsetof(KeySlotShm, bytes_closed), 40u);
+  EXPECT_EQ(offsetof(KeySlotShm, created_ns), 48u);
+  EXPECT_EQ(offsetof(KeySlotShm, reserved), 56u);
+}
+
+TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(ConnSlotShm), 64u);
+  EXPECT_EQ(alignof(ConnSlotShm), 8u);
+  EXPECT_EQ(offsetof(ConnSlotShm, seq), 0u);
+  EXPECT_EQ(offsetof(ConnSlotShm, key_index), 4u);
+  EXPECT_EQ(offsetof(ConnSlotShm, proc_index), 8u);
+  EXPECT_EQ(offsetof(ConnSlotShm, fd), 12u);
+  EXPECT_EQ(offsetof(ConnSlotShm, active), 16u);
+  EXPECT_EQ(offsetof(ConnSlotShm, next_free), 20u);
+  EXPECT_EQ(offsetof(ConnSlotShm, share_bytes_per_sec), 24u);
+  EXPECT_EQ(offsetof(ConnSlotShm, bytes_sent), 32u);
+  EXPECT_EQ(offsetof(ConnSlotShm, peer), 40u);
+  EXPECT_EQ(sizeof(ConnSlotShm::peer), 16u);
+  EXPECT_EQ(offsetof(ConnSlotShm, peer_port), 56u);
+  EXPECT_EQ(offsetof(ConnSlotShm, reserved0), 58u);
+  EXPECT_EQ(offsetof(ConnSlotShm, reserved1), 60u);
+}
+
+TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(ProcSlotShm), 64u);
+  EXPECT_EQ(alignof(ProcSlotShm), 8u);
+  EXPECT_EQ(offsetof(ProcSlotShm, liveness), 0u);
+  EXPECT_EQ(offsetof(ProcSlotShm, state), 40u);
+  EXPECT_EQ(offsetof(ProcSlotShm, pid), 44u);
+  EXPECT_EQ(offsetof(ProcSlotShm, conns), 48u);
+  EXPECT_EQ(offsetof(ProcSlotShm, reserved), 52u);
+  EXPECT_EQ(offsetof(ProcSlotShm, started_ns), 56u);
+}
+
+TEST(ZoneLayoutTest, SlotTypesAreTriviallyCopyableStandardLayout) {
+  EXPECT_TRUE(std::is_standard_layout_v<ZoneHeaderShm>);
+  EXPECT_TRUE(std::is_standard_layout_v<KeySlotShm>);
+  EXPECT_TRUE(std::is_standard_layout_v<ConnSlotShm>);
+  EXPECT_TRUE(std::is_standard_layout_v<ProcSlotShm>);
+  EXPECT_TRUE(std::is_trivially_destructible_v<KeySlotShm>);
+  EXPECT_TRUE(std::is_trivially_destructible_v<ConnSlotShm>);
+  EXPECT_TRUE(std::is_trivially_destructible_v<ProcSlotShm>);
+  EXPECT_TRUE(std::is_trivially_destructible_v<ZoneHeaderShm>);
+}
+
+// FNV-1a over every field's size and offset, in declaration order.
+class Fingerprint {
+ public:
+  void Add(uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      hash_ ^= (v >> (8 * i)) & 0xff;
+      hash_ *= 0x100000001b3ULL;
+    }
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ULL;
+};
+
+#define TRAFFICRATE_ADD_FIELD(fp, type, field) \
+  do {                                         \
+    (fp).Add(offsetof(type, field));           \
+    (fp).Add(sizeof(type::field));             \
+  } while (0)
+
+uint64_t LayoutFingerprint() {
+  Fingerprint fp;
+  fp.Add(sizeof(ZoneHeaderShm));
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, magic);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, layout_version);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, header_size);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, zone_size);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, key_slot_size);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conn_slot_size);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, proc_slot_size);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, bucket_count);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, key_capacity);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conn_capacity);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, proc_capacity);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, key_spec);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, buckets_offset);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, keys_offset);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conns_offset);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, procs_offset);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, hash_seed);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, ready);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, change_word);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rate_bytes_per_sec);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, settings_generation);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, watchers_waiting);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, key_free_head);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conn_free_head);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, keys_used);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conns_used);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, table_full);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_repairs);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, procs_reaped);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conns_reaped);
+  fp.Add(sizeof(KeySlotShm));
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, key);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, next);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, in_use);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, refs);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, active);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, generation);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, bytes_closed);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, created_ns);
+  fp.Add(sizeof(ConnSlotShm));
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, seq);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, key_index);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, proc_index);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, fd);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, active);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, next_free);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, share_bytes_per_sec);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, bytes_sent);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer_port);
+  fp.Add(sizeof(ProcSlotShm));
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, liveness);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, state);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, pid);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, conns);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, started_ns);
+  return fp.value();
+}
+
+// One fingerprint per layout version ever shipped. Changing a field without
+// bumping kZoneLayoutVersion breaks this test; bumping it means adding a row.
+TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
+  struct Known {
+    uint32_t version;
+    uint64_t fingerprint;
+  };
+  constexpr Known kKnown[] = {
+      {1, 0x01e422efd798a62cULL},
+  };
+  const uint64_t fingerprint = LayoutFingerprint();
+  bool found = false;
+  for (const Known& known : kKnown) {
+    if (known.version != kZoneLayoutVersion) continue;
+    found = true;
+    EXPECT_EQ(known.fingerprint, fingerprint)
+        << "the layout changed without a new kZoneLayoutVersion; fingerprint "
+        << std::hex << fingerprint;
+  }
+  EXPECT_TRUE(found) << "add {" << kZoneLayoutVersion << ", 0x" << std::hex
+                     << fingerprint << "ULL} to kKnown";
+}
+
+// Checks that every region of g lies inside size_bytes, in order, aligned and
+// without overlap.
+void ExpectGeometryFits(uint64_t size_bytes) {
+  SCOPED_TRACE(::testing::Message() << "size " << size_bytes);
+  const ZoneGeometry g = ComputeZoneGeometry(size_bytes);
+  ASSERT_GT(g.key_capacity, 0u);
+  ASSERT_GT(g.conn_capacity, 0u);
+  EXPECT_GE(g.proc_capacity, 16u);
+  EXPECT_GE(g.bucket_count, g.key_capacity);
+  EXPECT_EQ(g.bucket_count & (g.bucket_count - 1), 0u) << "power of two";
+  EXPECT_GE(g.buckets_offset, sizeof(ZoneHeaderShm));
+  EXPECT_GE(g.keys_offset, g.buckets_offset + 4ULL * g.bucket_count);
+  EXPECT_GE(g.conns_offset,
+            g.keys_offset + sizeof(KeySlotShm) * g.key_capacity);
+  EXPECT_GE(g.procs_offset,
+            g.conns_offset + sizeof(ConnSlotShm) * g.conn_capacity);
+  const uint64_t end = g.procs_offset + sizeof(ProcSlotShm) * g.proc_capacity;
+  EXPECT_LE(end, size_bytes);
+  // Slots share cache lines with nothing else; mutexes stay aligned.
+  EXPECT_EQ(g.keys_offset % 64, 0u);
+  EXPECT_EQ(g.conns_offset % 64, 0u);
+  EXPECT_EQ(g.procs_offset % 64, 0u);
+  EXPECT_EQ(g.buckets_offset % 8, 0u);
+  // The division does not waste the zone.
+  EXPECT_GE(end, size_bytes / 100 * 95);
+}
+
+TEST(ZoneLayoutTest, GeometryFitsForTypicalSizes) {
+  for (const uint64_t size :
+       {kMinZoneSize, uint64_t{1} << 20, uint64_t{32} << 20, kMaxZoneSize}) {
+    ExpectGeometryFits(size);
+  }
+}
+
+TEST(ZoneLayoutTest, GeometryFitsForOddSizes) {
+  // Sizes that are not powers of two, across the whole accepted range.
+  for (uint64_t size = kMinZoneSize; size <= kMaxZoneSize;
+       size = size * 5 / 4 + 4097) {
+    ExpectGeometryFits(size);
+  }
+  ExpectGeometryFits(kMinZoneSize + 1);
+  ExpectGeometryFits(kMaxZoneSize - 1);
+}
+
+TEST(ZoneLayoutTest, CapacitiesGrowWithSize) {
+  const uint64_t sizes[] = {kMinZoneSize, uint64_t{1} << 20, uint64_t{32} << 20,
+                            kMaxZoneSize};
+  ZoneGeometry previous = ComputeZoneGeometry(sizes[0]);
+  for (size_t i = 1; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
+    const ZoneGeometry g = ComputeZoneGeometry(sizes[i]);
+    EXPECT_GT(g.key_capacity, previous.key_capacity) << sizes[i];
+    EXPECT_GT(g.conn_capacity, previous.conn_capacity) << sizes[i];
+    EXPECT_GE(g.proc_capacity, previous.proc_capacity) << sizes[i];
+    previous = g;
+  }
+}
+
+TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
+  const ZoneGeometry a = ComputeZoneGeometry(3 << 20);
+  const ZoneGeometry b = ComputeZoneGeometry(3 << 20);
+  EXPECT_EQ(a.key_capacity, b.key_capacity);
+  EXPECT_EQ(a.conn_capacity, b.conn_capacity);
+  EXPECT_EQ(a.proc_capacity, b.proc_capacity);
+  EXPECT_EQ(a.bucket_count, b.bucket_count);
+  EXPECT_EQ(a.procs_offset, b.procs_offset);
+}
+
+// The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
+TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
+  const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
+  EXPECT_EQ(g.key_capacity, 6896u);
+  EXPECT_EQ(g.conn_capacity, 6896u);
+  EXPECT_EQ(g.proc_capacity, 1724u);
+  EXPECT_EQ(g.bucket_count, 8192u);
+  EXPECT_EQ(g.buckets_offset, 320u);
+  EXPECT_EQ(g.keys_offset, 33088u);
+}
+
+TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
+  const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
+  EXPECT_EQ(g.key_capacity, 429u);
+  EXPECT_EQ(g.conn_capacity, 429u);
+  EXPECT_EQ(g.proc_capacity, 107u);
+  EXPECT_EQ(g.bucket_count, 512u);
+}
+
+}  // namespace
+}  // namespace trafficrate
