@@ -183,35 +183,43 @@ void PrintTable(const ZoneSnapshot& s) {
   }
 }
 
+int Failed(const absl::Status& status) {
+  std::fprintf(stderr, "trafficrate: %s\n", status.ToString().c_str());
+  return kFailed;
+}
+
+// Parses [--zone NAME] (and --json where allowed) for `command` and attaches
+// to the zone. Returns kOk with *zone set, or the exit code to return.
+int OpenZone(absl::string_view command, const std::vector<std::string>& args,
+             bool allow_json, ZoneArgs* za, std::unique_ptr<Zone>* zone) {
+  const std::string error = ParseZoneArgs(args, allow_json, za);
+  if (!error.empty()) return Usage(absl::StrCat(command, ": ", error));
+  absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(za->zone);
+  if (!attached.ok()) return Failed(attached.status());
+  *zone = std::move(*attached);
+  return kOk;
+}
+
 int Stat(const std::vector<std::string>& args) {
   ZoneArgs za;
-  const std::string error = ParseZoneArgs(args, /*allow_json=*/true, &za);
-  if (!error.empty()) return Usage(absl::StrCat("stat: ", error));
-  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::Attach(za.zone);
-  if (!zone.ok()) {
-    std::fprintf(stderr, "trafficrate: %s\n", zone.status().ToString().c_str());
-    return kFailed;
+  std::unique_ptr<Zone> zone;
+  if (int rc = OpenZone("stat", args, /*allow_json=*/true, &za, &zone)) {
+    return rc;
   }
-  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(**zone);
-  if (!snap.ok()) {
-    std::fprintf(stderr, "trafficrate: %s\n", snap.status().ToString().c_str());
-    return kFailed;
-  }
+  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
+  if (!snap.ok()) return Failed(snap.status());
   za.json ? PrintJson(*snap) : PrintTable(*snap);
   return kOk;
 }
 
 int Gc(const std::vector<std::string>& args) {
   ZoneArgs za;
-  const std::string error = ParseZoneArgs(args, /*allow_json=*/false, &za);
-  if (!error.empty()) return Usage(absl::StrCat("gc: ", error));
-  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::Attach(za.zone);
-  if (!zone.ok()) {
-    std::fprintf(stderr, "trafficrate: %s\n", zone.status().ToString().c_str());
-    return kFailed;
+  std::unique_ptr<Zone> zone;
+  if (int rc = OpenZone("gc", args, /*allow_json=*/false, &za, &zone)) {
+    return rc;
   }
   uint32_t procs = 0;
-  const uint32_t conns = (*zone)->ReapDead(&procs);
+  const uint32_t conns = zone->ReapDead(&procs);
   std::printf("zone %s: released %u connection(s) of %u dead process(es)\n",
               za.zone.c_str(), conns, procs);
   return kOk;

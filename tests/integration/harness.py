@@ -685,10 +685,11 @@ class PythonServer(Server):
     name = "pyserver"
 
     def __init__(self, workdir, webroot, port=None, env=None, mode="thread",
-                 sendfile=False, pace=None):
+                 sendfile=False, pace=None, fd_chain=False):
         """mode: "thread" or "fork"; sendfile: bodies via sendfile(2);
         pace: static SO_MAX_PACING_RATE, an int or {client_ip: B/s} (harness
-        self-checks only)."""
+        self-checks only); fd_chain: serve each socket from a new fd number
+        reached through dup/fcntl/dup3/close_range (pyserver --fd-chain)."""
         super().__init__(workdir, port, env)
         self.name = "pyserver-%s%s" % (mode, "-sendfile" if sendfile else "")
         self.title = "python %s server (%s)" % (
@@ -699,6 +700,9 @@ class PythonServer(Server):
                      SERVER_HOST, "--dir", str(webroot), "--mode", mode]
         if sendfile:
             self.argv.append("--sendfile")
+        if fd_chain:
+            self.argv.append("--fd-chain")
+            self.title += " serving each socket from a duplicate fd"
         if pace:
             spec = (",".join("%s=%d" % kv for kv in pace.items())
                     if isinstance(pace, dict) else str(int(pace)))

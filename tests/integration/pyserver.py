@@ -9,13 +9,20 @@ harness.PythonServer; it needs nothing but the standard library.
 
     pyserver.py --port 8080 --dir /srv/www [--bind 127.0.0.1] [--mode thread|fork]
                 [--sendfile] [--pace 131072 | --pace 127.0.0.2=128000,127.0.0.3=512000]
+                [--fd-chain]
 
 Responses use HTTP/1.1 with Content-Length, so clients may keep connections
 alive. Disconnects by clients are expected and are not logged. --sendfile
 sends file bodies with sendfile(2) instead of send(2). --pace sets a static
 SO_MAX_PACING_RATE on each accepted socket (by client IP): a stand-in for the
-library with which the harness checks its own measurements.
+library with which the harness checks its own measurements. --fd-chain moves
+each accepted socket to another fd number before serving it, through every
+call that duplicates or closes fds (dup, fcntl F_DUPFD_CLOEXEC, dup3,
+close_range, close, and dup2 of /dev/null over a spare duplicate), so that
+the library's fd table is exercised the way inetd-style servers use it.
 """
+
+import fcntl
 
 import argparse
 import http.server
@@ -36,6 +43,8 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
     def setup(self):
+        if self.server.fd_chain:
+            self.request = move_through_fd_calls(self.request)
         pace = self.server.pace
         rate = pace.get(self.client_address[0], pace.get(None))
         if rate:
@@ -54,6 +63,33 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
             super().handle()
         except (ConnectionError, TimeoutError, OSError):
             pass
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            if self.server.fd_chain:
+                self.request.close()  # the moved socket; socketserver has the old
+
+
+def move_through_fd_calls(sock):
+    """Returns a socket object for the same connection on a new fd number,
+    reached by dup, fcntl(F_DUPFD_CLOEXEC), dup3 and close_range; a spare
+    duplicate is replaced by /dev/null with dup2 and closed."""
+    original = sock.detach()
+    a = os.dup(original)                                 # dup
+    b = fcntl.fcntl(a, fcntl.F_DUPFD_CLOEXEC, 200)       # fcntl
+    target = os.dup(b)  # a free number for dup3 to replace
+    os.dup2(b, target, inheritable=False)                # dup3 onto it
+    os.closerange(original, original + 1)                # close_range
+    os.close(a)                                          # close
+    os.close(b)
+    spare = os.dup(target)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, spare)                                 # dup2 over it
+    os.close(null)
+    os.close(spare)
+    return socket.socket(fileno=target)
 
 
 class QuietErrors:
@@ -85,6 +121,8 @@ def main():
     parser.add_argument("--dir", required=True)
     parser.add_argument("--mode", choices=("thread", "fork"), default="thread")
     parser.add_argument("--sendfile", action="store_true")
+    parser.add_argument("--fd-chain", action="store_true",
+                        help="serve each socket from a new fd (see above)")
     parser.add_argument("--pace", default="",
                         help="BPS, or IP=BPS,... : static SO_MAX_PACING_RATE")
     args = parser.parse_args()
@@ -98,6 +136,7 @@ def main():
     server = server_class((args.bind, args.port), QuietHandler)
     server.pace = pace
     server.use_sendfile = args.sendfile
+    server.fd_chain = args.fd_chain
 
     def on_term(signum, frame):
         # Forked children inherit this handler: they just leave.
