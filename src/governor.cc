@@ -116,6 +116,16 @@ int64_t Governor::LastSendNs(int fd) const {
   return local_[StateConn(state)].last_send_ns.load(std::memory_order_relaxed);
 }
 
+bool Governor::SiblingsSendingLocked(const ConnSlotShm& conn) const {
+  // Only the other sending connections of the key need a new share: a
+  // client with a single connection (the common case under connection
+  // churn) joins and leaves without waking any watcher.
+  const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
+  if (key >= zone_->key_capacity()) return false;
+  const uint32_t others = conn.active.load(std::memory_order_relaxed) ? 1 : 0;
+  return zone_->key(key).active.load(std::memory_order_relaxed) > others;
+}
+
 bool Governor::ConnValid(const ConnSlotShm& conn, uint64_t state) const {
   return Zone::CookieOf(conn.seq.load(std::memory_order_acquire)) ==
          StateCookie(state);
@@ -254,7 +264,7 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
     me = EnsureProc();
     if (me == kNoSlot) return;
   }
-  bool changed = false;
+  bool push = false;
   {
     ZoneLock lock(*zone_);
     if (!lock.ok() || !ConnValid(conn, state)) return;
@@ -263,9 +273,9 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
       // The sender owns it from now on: its watcher paces and expires it.
       zone_->TransferConnLocked(index, me, fd);
     }
-    changed = zone_->JoinLocked(index);
+    push = zone_->JoinLocked(index) && SiblingsSendingLocked(conn);
   }
-  if (changed) zone_->WakeWatchers();
+  if (push) zone_->WakeWatchers();
   ApplyIfChanged(fd, entry, state, conn);
 }
 
@@ -337,16 +347,18 @@ void Governor::Release(uint64_t state) {
       conn.proc_index.load(std::memory_order_relaxed) != me) {
     return;
   }
-  bool changed = false;
+  bool push = false;
   {
     ZoneLock lock(*zone_);
     if (!lock.ok() || !ConnValid(conn, state) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
       return;
     }
-    changed = zone_->DeregisterConnLocked(index);
+    const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
+    push = zone_->DeregisterConnLocked(index) &&
+           zone_->key(key).active.load(std::memory_order_relaxed) > 0;
   }
-  if (changed) zone_->WakeWatchers();
+  if (push) zone_->WakeWatchers();
 }
 
 void Governor::OnClose(int fd) { Release(Detach(fd)); }
@@ -520,7 +532,7 @@ void Governor::ApplyChangedShares() {
 void Governor::ExpireIdle(int64_t now_ns) {
   const uint32_t me = proc_.load(std::memory_order_acquire);
   const int high_water = table_->high_water();
-  bool changed = false;
+  bool push = false;
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     uint64_t state = entry.state.load(std::memory_order_acquire);
@@ -548,10 +560,11 @@ void Governor::ExpireIdle(int64_t now_ns) {
     if (!lock.ok()) return;
     if (ConnValid(conn, state) &&
         last_send.load(std::memory_order_relaxed) == last) {
-      changed |= zone_->LeaveLocked(StateConn(state));
+      push |= zone_->LeaveLocked(StateConn(state)) &&
+              SiblingsSendingLocked(conn);
     }
   }
-  if (changed) zone_->WakeWatchers();
+  if (push) zone_->WakeWatchers();
 }
 
 void Governor::ReapDead() {

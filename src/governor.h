@@ -112,6 +112,9 @@ class Governor {
   void AddLocalRef(uint32_t conn_index, uint32_t cookie);
   bool DropLocalRef(uint32_t conn_index, uint32_t cookie);
   bool ConnValid(const ConnSlotShm& conn, uint64_t state) const;
+  // REQUIRES: zone lock held. Whether the key of `conn` has sending
+  // connections other than `conn`, whose shares a change must push.
+  bool SiblingsSendingLocked(const ConnSlotShm& conn) const;
   uint64_t ShareToken(const KeySlotShm& key) const;
 
   Zone* const zone_;
