@@ -2,60 +2,41 @@
 // LD_PRELOAD: the test plays the interposers, calling OnAccept after
 // ::accept, BeforeSend/AfterSend around ::send and OnClose before ::close,
 // and reads back the pacing with getsockopt(SO_MAX_PACING_RATE).
+//
+// This file: registration on accept, joining on the first send, shares per
+// key, idle expiry, dup'ed and reused fd numbers, rate changes and a full
+// zone. Forked children, reaping and threads are in governor_fork_test.cc;
+// the fixture is in test_util.h.
 
 #include "src/governor.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "src/clock.h"
 #include "src/config.h"
-#include "src/fd_table.h"
-#include "src/log.h"
 #include "src/zone.h"
 #include "tests/test_util.h"
 
 namespace trafficrate {
 namespace {
 
-using testing_util::ExitedWith;
-using testing_util::kUnderTsan;
-using testing_util::Pipe;
+using testing_util::Conn;
+using testing_util::kLongIdleNs;
+using testing_util::kRate;
+using testing_util::Pacing;
 using testing_util::PollUntil;
-using testing_util::ReadByte;
-using testing_util::WaitChild;
-using testing_util::WriteByte;
 
-constexpr uint64_t kRate = 1'000'000;         // bytes/s
 constexpr uint64_t kNotPaced = ~uint64_t{0};  // a new socket's pacing
-constexpr int64_t kLongIdleNs = 3600 * kNsPerSec;
-constexpr int kTableSize = 4096;
-
-uint64_t Pacing(int fd) {
-  uint64_t rate = 0;
-  socklen_t len = sizeof(rate);
-  if (getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, &len) != 0) {
-    return 0;
-  }
-  return len == sizeof(uint32_t) ? static_cast<uint32_t>(rate) : rate;
-}
 
 int Outq(int fd) {
   int queued = -1;
@@ -63,173 +44,7 @@ int Outq(int fd) {
   return queued;
 }
 
-sockaddr_in Inet(const char* address, uint16_t port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, address, &addr.sin_addr);
-  return addr;
-}
-
-// One accepted connection: the server end is governed, the client end is
-// ours to read from.
-struct Conn {
-  int client = -1;
-  int server = -1;
-};
-
-class GovernorTest : public testing_util::ZoneNameFixture {
- protected:
-  void SetUp() override {
-    ZoneNameFixture::SetUp();
-    absl::StatusOr<std::unique_ptr<Zone>> zone =
-        Zone::OpenOrCreate(zone_name_, uint64_t{1} << 20, kRate);
-    ASSERT_TRUE(zone.ok()) << zone.status();
-    zone_ = std::move(*zone);
-    table_.reset(FdTable::Create(kTableSize));
-    ASSERT_NE(table_, nullptr);
-    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(listener_, 0);
-    sockaddr_in addr = Inet("127.0.0.1", 0);
-    ASSERT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-              0);
-    ASSERT_EQ(listen(listener_, 128), 0);
-    socklen_t len = sizeof(addr);
-    ASSERT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len),
-              0);
-    port_ = ntohs(addr.sin_port);
-  }
-
-  void TearDown() override {
-    for (Conn& conn : conns_) Close(conn);
-    gov_.reset();
-    table_.reset();
-    zone_.reset();
-    if (listener_ >= 0) close(listener_);
-    ZoneNameFixture::TearDown();
-  }
-
-  void StartGovernor(int64_t idle_ns = kLongIdleNs,
-                     KeyMode mode = KeyMode::kPeer) {
-    GovernorOptions options;
-    options.idle_ns = idle_ns;
-    options.key.mode = mode;
-    gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
-                                      options);
-  }
-
-  // Connects from `from` (any 127.x address), accepts with plain ::accept and
-  // tells the Governor. client_rcvbuf > 0 shrinks the client's receive
-  // buffer. Returns {-1, -1} on failure. Thread-safe.
-  Conn Connect(const char* from = "127.0.0.1", int client_rcvbuf = 0) const {
-    Conn conn;
-    conn.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (conn.client < 0) return Conn{};
-    if (client_rcvbuf > 0) {
-      setsockopt(conn.client, SOL_SOCKET, SO_RCVBUF, &client_rcvbuf,
-                 sizeof(client_rcvbuf));
-    }
-    sockaddr_in local = Inet(from, 0);
-    sockaddr_in server = Inet("127.0.0.1", port_);
-    if (bind(conn.client, reinterpret_cast<sockaddr*>(&local), sizeof(local)) !=
-            0 ||
-        connect(conn.client, reinterpret_cast<sockaddr*>(&server),
-                sizeof(server)) != 0) {
-      close(conn.client);
-      return Conn{};
-    }
-    sockaddr_storage peer{};
-    socklen_t peer_len = sizeof(peer);
-    conn.server =
-        ::accept(listener_, reinterpret_cast<sockaddr*>(&peer), &peer_len);
-    if (conn.server < 0) {
-      close(conn.client);
-      return Conn{};
-    }
-    gov_->OnAccept(conn.server, reinterpret_cast<sockaddr*>(&peer), peer_len);
-    return conn;
-  }
-
-  // Connects and keeps the connection for TearDown.
-  Conn Open(const char* from = "127.0.0.1", int client_rcvbuf = 0) {
-    Conn conn = Connect(from, client_rcvbuf);
-    EXPECT_GE(conn.server, 0) << "cannot connect from " << from;
-    conns_.push_back(conn);
-    return conn;
-  }
-
-  // Closes the server end the way the close interposer does, then the client.
-  void Close(Conn& conn) {
-    if (conn.server >= 0) {
-      gov_->OnClose(conn.server);
-      close(conn.server);
-    }
-    if (conn.client >= 0) close(conn.client);
-    conn = Conn{};
-  }
-  // The server end only, as the close interposer does; the client stays.
-  void CloseServer(int server_fd) {
-    gov_->OnClose(server_fd);
-    close(server_fd);
-    for (Conn& conn : conns_) {
-      if (conn.server == server_fd) conn.server = -1;
-    }
-  }
-  void CloseKept(int server_fd) {
-    for (Conn& conn : conns_) {
-      if (conn.server == server_fd) Close(conn);
-    }
-  }
-
-  // BeforeSend + ::send + AfterSend, as the send interposer does.
-  ssize_t Send(int fd, size_t bytes = 100) {
-    std::vector<char> data(bytes, 'd');
-    gov_->BeforeSend(fd);
-    const ssize_t sent =
-        ::send(fd, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    gov_->AfterSend(fd, sent);
-    return sent;
-  }
-
-  uint32_t ConnIndex(int fd) const {
-    const uint64_t state = table_->Get(fd)->state.load();
-    return state == 0 ? kNoSlot : StateConn(state);
-  }
-  const ConnSlotShm& ConnOf(int fd) const { return zone_->conn(ConnIndex(fd)); }
-  uint32_t KeyIndex(int fd) const {
-    const uint32_t conn = ConnIndex(fd);
-    return conn == kNoSlot ? kNoSlot : zone_->conn(conn).key_index.load();
-  }
-  uint32_t Active(int fd) const {
-    const uint32_t k = KeyIndex(fd);
-    return k == kNoSlot ? 0 : zone_->key(k).active.load();
-  }
-  uint32_t Refs(int fd) const {
-    const uint32_t k = KeyIndex(fd);
-    if (k == kNoSlot) return 0;
-    ZoneLock lock(*zone_);
-    return zone_->key(k).refs;
-  }
-  uint32_t ConnsUsed() const {
-    ZoneLock lock(*zone_);
-    return zone_->header().conns_used;
-  }
-  uint32_t KeysUsed() const {
-    ZoneLock lock(*zone_);
-    return zone_->header().keys_used;
-  }
-  bool PacingBecomes(int fd, uint64_t rate) const {
-    return PollUntil([&] { return Pacing(fd) == rate; });
-  }
-
-  Logger logger_;
-  std::unique_ptr<Zone> zone_;
-  std::unique_ptr<FdTable> table_;
-  std::unique_ptr<Governor> gov_;
-  int listener_ = -1;
-  uint16_t port_ = 0;
-  std::vector<Conn> conns_;
-};
+using GovernorTest = testing_util::GovernorFixture;
 
 TEST_F(GovernorTest, AcceptedSocketRegistersWithoutJoining) {
   StartGovernor();
@@ -606,209 +421,6 @@ TEST_F(GovernorTest, FullZoneLeavesNewConnectionsUnpaced) {
   EXPECT_NE(table_->Get(next.server)->state.load(), 0u);
   gov_->BeforeSend(next.server);
   EXPECT_EQ(Pacing(next.server), kRate);
-}
-
-TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
-  if (kUnderTsan) {
-    GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a "
-                    "child forked from a multithreaded process (the child's "
-                    "watcher thread)";
-  }
-  StartGovernor();
-  const Conn c = Open();
-  ASSERT_GE(c.server, 0);
-  const uint32_t conn = ConnIndex(c.server);
-  const uint32_t parent_proc = gov_->proc_index();
-  ASSERT_NE(parent_proc, kNoSlot);
-  Pipe ready;
-  Pipe finish;
-  const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    finish.CloseWrite();
-    gov_->AfterForkChild();
-    char byte = 'c';
-    gov_->BeforeSend(c.server);
-    const ssize_t sent =
-        ::send(c.server, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-    gov_->AfterSend(c.server, sent);
-    TRAFFICRATE_CHILD_CHECK(sent == 1);
-    const uint32_t me = gov_->proc_index();
-    TRAFFICRATE_CHILD_CHECK(me != kNoSlot && me != parent_proc);
-    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).proc_index.load() == me);
-    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).active.load() == 1);
-    TRAFFICRATE_CHILD_CHECK(Pacing(c.server) == kRate);
-    WriteByte(ready.write_end());
-    TRAFFICRATE_CHILD_CHECK(ReadByte(finish.read_end()));
-    gov_->OnClose(c.server);
-    close(c.server);
-    _exit(0);
-  }
-  finish.CloseRead();
-  ready.CloseWrite();
-  ASSERT_TRUE(ReadByte(ready.read_end())) << "child failed early";
-  const uint32_t owner = zone_->conn(conn).proc_index.load();
-  EXPECT_NE(owner, parent_proc);
-  EXPECT_EQ(zone_->proc(owner).pid.load(), pid);
-  EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(Refs(c.server), 1u);
-  EXPECT_EQ(Active(c.server), 1u) << "counted once, by the child";
-  // The parent's copy closing does not end the child's registration.
-  const uint32_t key = KeyIndex(c.server);
-  CloseServer(c.server);
-  EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
-  WriteByte(finish.write_end());
-  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
-  EXPECT_EQ(ConnsUsed(), 0u) << "the owner's close deregistered it";
-  EXPECT_EQ(KeysUsed(), 0u);
-}
-
-TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
-  StartGovernor();
-  const Conn sending = Open();
-  const Conn quiet = Open("127.0.0.2");
-  ASSERT_GE(quiet.server, 0);
-  gov_->BeforeSend(sending.server);
-  const uint32_t proc = gov_->proc_index();
-  ASSERT_NE(proc, kNoSlot);
-  EXPECT_FALSE(Zone::ProcMaybeDead(zone_->proc(proc)));
-  gov_->StopWatcher();
-  EXPECT_EQ(gov_->proc_index(), kNoSlot);
-  EXPECT_TRUE(Zone::ProcMaybeDead(zone_->proc(proc)));
-  EXPECT_EQ(ConnsUsed(), 2u) << "nothing is released until a reaper runs";
-
-  std::unique_ptr<FdTable> other_table(FdTable::Create(kTableSize));
-  GovernorOptions options;
-  options.idle_ns = kLongIdleNs;
-  Governor other(zone_.get(), other_table.get(), &logger_, options);
-  const uint32_t other_proc = other.EnsureProc();
-  ASSERT_NE(other_proc, kNoSlot);
-  EXPECT_NE(other_proc, proc);
-  other.ReapDead();
-  EXPECT_EQ(ConnsUsed(), 0u);
-  EXPECT_EQ(KeysUsed(), 0u);
-  EXPECT_EQ(zone_->header().procs_reaped.load(), 1u);
-  EXPECT_EQ(zone_->header().conns_reaped.load(), 2u);
-  EXPECT_EQ(zone_->proc(proc).state.load(), kProcFree);
-  EXPECT_FALSE(Zone::ProcMaybeDead(zone_->proc(other_proc)));
-
-  // The stopped process sends again: it registers anew and is counted.
-  gov_->BeforeSend(sending.server);
-  EXPECT_NE(gov_->proc_index(), kNoSlot);
-  EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(Active(sending.server), 1u);
-  EXPECT_EQ(ConnOf(sending.server).proc_index.load(), gov_->proc_index());
-  EXPECT_EQ(Pacing(sending.server), kRate);
-}
-
-// Host threads send on governed sockets while another thread closes them and
-// accepts new connections that get the same fd numbers. The senders may see
-// an fd number at any point of its close and reuse.
-TEST_F(GovernorTest,
-       ThreadsSendingWhileAnotherClosesAndReacceptsStayConsistent) {
-  StartGovernor();
-  constexpr int kSockets = 4;
-  constexpr int kSenders = 3;
-  constexpr int64_t kRunNs = 300 * kNsPerMs;
-  constexpr int kMaxRounds = 100'000;         // closes and re-accepts
-  constexpr int kMaxSendRounds = 10'000'000;  // per sender
-  const char* const kFrom[2] = {"127.0.0.2", "127.0.0.3"};
-  std::atomic<int> server[kSockets];
-  int client[kSockets];
-  for (int i = 0; i < kSockets; ++i) {
-    const Conn c = Connect(kFrom[i % 2]);
-    ASSERT_GE(c.server, 0);
-    server[i].store(c.server);
-    client[i] = c.client;
-  }
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> sends{0};
-  std::atomic<int> reaccepts{0};
-  std::atomic<int> failures{0};
-  std::vector<std::thread> senders;
-  for (int t = 0; t < kSenders; ++t) {
-    senders.emplace_back([&, t] {
-      for (int round = 0; round < kMaxSendRounds && !stop.load(); ++round) {
-        const int fd = server[(round + t) % kSockets].load();
-        // No real send: that would race with the close in the test itself.
-        // The Governor's own use of the fd (setsockopt, ioctl) must not
-        // race with the close, and ThreadSanitizer checks that.
-        gov_->BeforeSend(fd);
-        gov_->AfterSend(fd, 1);
-        sends.fetch_add(1, std::memory_order_relaxed);
-      }
-    });
-  }
-  std::thread closer([&] {
-    for (int round = 0; round < kMaxRounds && !stop.load(); ++round) {
-      const int i = round % kSockets;
-      gov_->OnClose(server[i].load());
-      close(server[i].load());
-      close(client[i]);
-      const Conn c = Connect(kFrom[(i + round / kSockets) % 2]);
-      if (c.server < 0) {
-        failures.fetch_add(1);
-        break;
-      }
-      server[i].store(c.server);
-      client[i] = c.client;
-      reaccepts.fetch_add(1);
-      char buf[4096];
-      for (int j = 0; j < kSockets; ++j) {
-        (void)recv(client[j], buf, sizeof(buf), MSG_DONTWAIT);
-      }
-    }
-  });
-  const int64_t deadline = MonotonicNowNs() + kRunNs;
-  PollUntil([&] { return MonotonicNowNs() >= deadline; },
-            kRunNs + testing_util::kWaitNs);
-  stop.store(true);
-  for (std::thread& sender : senders) sender.join();
-  closer.join();
-  RecordProperty("reaccepts", reaccepts.load());
-  RecordProperty("sends", static_cast<int>(sends.load()));
-  ASSERT_EQ(failures.load(), 0);
-  EXPECT_GT(reaccepts.load(), 10);
-  EXPECT_GT(sends.load(), 100u);
-
-  // Every open socket is registered exactly once, by this process; the keys'
-  // counts match their connections.
-  {
-    ZoneLock lock(*zone_);
-    const ZoneHeaderShm& h = zone_->header();
-    EXPECT_EQ(h.conns_used, uint32_t{kSockets});
-    EXPECT_LE(h.keys_used, 2u);
-    std::vector<uint32_t> refs(zone_->key_capacity(), 0);
-    std::vector<uint32_t> active(zone_->key_capacity(), 0);
-    for (int i = 0; i < kSockets; ++i) {
-      const uint64_t state = table_->Get(server[i].load())->state.load();
-      ASSERT_NE(state, 0u) << "socket " << i << " lost its registration";
-      const ConnSlotShm& c = zone_->conn(StateConn(state));
-      EXPECT_EQ(Zone::CookieOf(c.seq.load()), StateCookie(state));
-      EXPECT_EQ(c.fd.load(), server[i].load());
-      EXPECT_EQ(c.proc_index.load(), gov_->proc_index());
-    }
-    for (uint32_t c = 0; c < zone_->conn_capacity(); ++c) {
-      const ConnSlotShm& slot = zone_->conn(c);
-      if ((slot.seq.load() & 1) == 0) continue;
-      ++refs[slot.key_index.load()];
-      active[slot.key_index.load()] += slot.active.load();
-    }
-    for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
-      const KeySlotShm& key = zone_->key(k);
-      if (!key.in_use) continue;
-      EXPECT_EQ(key.refs, refs[k]) << "key " << k;
-      EXPECT_EQ(key.active.load(), active[k]) << "key " << k;
-    }
-  }
-  for (int i = 0; i < kSockets; ++i) {
-    gov_->OnClose(server[i].load());
-    close(server[i].load());
-    close(client[i]);
-  }
-  EXPECT_EQ(ConnsUsed(), 0u);
-  EXPECT_EQ(KeysUsed(), 0u);
 }
 
 }  // namespace

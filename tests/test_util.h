@@ -1,11 +1,15 @@
 // Helpers shared by the zone, fd table and governor tests: unique zone names,
-// bounded polling, forked children that report through their exit status, and
-// sanitizer detection.
+// bounded polling, forked children that report through their exit status,
+// sanitizer detection, and the fixtures of the zone tests (zone_test.cc,
+// zone_recovery_test.cc) and of the Governor tests (governor_test.cc,
+// governor_fork_test.cc), each suite split over two files.
 
 #ifndef TRAFFICRATE_TESTS_TEST_UTIL_H_
 #define TRAFFICRATE_TESTS_TEST_UTIL_H_
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,12 +18,21 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "src/clock.h"
+#include "src/config.h"
+#include "src/fd_table.h"
+#include "src/governor.h"
+#include "src/log.h"
 #include "src/zone.h"
+#include "src/zone_layout.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define TRAFFICRATE_TEST_TSAN 1
@@ -169,6 +182,235 @@ class ZoneNameFixture : public ::testing::Test {
   void TearDown() override { (void)Zone::Unlink(zone_name_); }
 
   std::string zone_name_;
+};
+
+// --- The zone tests (zone_test.cc, zone_recovery_test.cc).
+
+inline constexpr uint64_t kOneMiB = uint64_t{1} << 20;
+inline constexpr uint64_t kRate = 1'000'000;  // bytes/s
+
+// Distinct 20-byte keys: n in the first four bytes, tag in the fifth.
+struct TestKey {
+  uint8_t bytes[kKeyBytes] = {};
+};
+inline TestKey MakeKey(uint32_t n, uint8_t tag = 0) {
+  TestKey k;
+  std::memcpy(k.bytes, &n, sizeof(n));
+  k.bytes[4] = tag;
+  k.bytes[19] = 0x5a;
+  return k;
+}
+
+inline constexpr uint8_t kPeer[16] = {0, 0, 0,    0,    0,   0, 0, 0,
+                                      0, 0, 0xff, 0xff, 127, 0, 0, 1};
+
+// Fixture of the zone tests (zone_test.cc, zone_recovery_test.cc): a zone of
+// its own, opened on demand.
+class ZoneFixture : public ZoneNameFixture {
+ protected:
+  std::unique_ptr<Zone> Open(uint64_t size = kOneMiB, uint64_t rate = kRate) {
+    absl::StatusOr<std::unique_ptr<Zone>> zone =
+        Zone::OpenOrCreate(zone_name_, size, rate);
+    EXPECT_TRUE(zone.ok()) << zone.status();
+    return zone.ok() ? std::move(*zone) : nullptr;
+  }
+
+  // Registers a connection for key n, owned by proc; returns its slot.
+  static uint32_t RegisterLocked(Zone& zone, uint32_t n, uint32_t proc,
+                                 int fd = 7) {
+    const TestKey key = MakeKey(n);
+    const uint32_t k = zone.FindOrInsertKeyLocked(key.bytes, 1);
+    if (k == kNoSlot) return kNoSlot;
+    const uint32_t c = zone.RegisterConnLocked(k, proc, fd, kPeer, 4242);
+    if (c == kNoSlot) zone.ReleaseKeyIfUnusedLocked(k);
+    return c;
+  }
+};
+
+// --- The Governor tests (governor_test.cc, governor_fork_test.cc).
+
+inline constexpr int64_t kLongIdleNs = 3600 * kNsPerSec;
+inline constexpr int kTableSize = 4096;
+
+// The socket's SO_MAX_PACING_RATE, or 0 if it cannot be read.
+inline uint64_t Pacing(int fd) {
+  uint64_t rate = 0;
+  socklen_t len = sizeof(rate);
+  if (getsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, &len) != 0) {
+    return 0;
+  }
+  return len == sizeof(uint32_t) ? static_cast<uint32_t>(rate) : rate;
+}
+
+inline sockaddr_in Inet(const char* address, uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, address, &addr.sin_addr);
+  return addr;
+}
+
+// One accepted connection: the server end is governed, the client end is
+// ours to read from.
+struct Conn {
+  int client = -1;
+  int server = -1;
+};
+
+// Fixture of the Governor tests: a zone, an fd table and a listener on
+// 127.0.0.1; StartGovernor() makes the Governor. The test plays the
+// interposers (see governor_test.cc).
+class GovernorFixture : public ZoneNameFixture {
+ protected:
+  void SetUp() override {
+    ZoneNameFixture::SetUp();
+    absl::StatusOr<std::unique_ptr<Zone>> zone =
+        Zone::OpenOrCreate(zone_name_, uint64_t{1} << 20, kRate);
+    ASSERT_TRUE(zone.ok()) << zone.status();
+    zone_ = std::move(*zone);
+    table_.reset(FdTable::Create(kTableSize));
+    ASSERT_NE(table_, nullptr);
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(listener_, 0);
+    sockaddr_in addr = Inet("127.0.0.1", 0);
+    ASSERT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+              0);
+    ASSERT_EQ(listen(listener_, 128), 0);
+    socklen_t len = sizeof(addr);
+    ASSERT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len),
+              0);
+    port_ = ntohs(addr.sin_port);
+  }
+
+  void TearDown() override {
+    for (Conn& conn : conns_) Close(conn);
+    gov_.reset();
+    table_.reset();
+    zone_.reset();
+    if (listener_ >= 0) close(listener_);
+    ZoneNameFixture::TearDown();
+  }
+
+  void StartGovernor(int64_t idle_ns = kLongIdleNs,
+                     KeyMode mode = KeyMode::kPeer) {
+    GovernorOptions options;
+    options.idle_ns = idle_ns;
+    options.key.mode = mode;
+    gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
+                                      options);
+  }
+
+  // Connects from `from` (any 127.x address), accepts with plain ::accept and
+  // tells the Governor. client_rcvbuf > 0 shrinks the client's receive
+  // buffer. Returns {-1, -1} on failure. Thread-safe.
+  Conn Connect(const char* from = "127.0.0.1", int client_rcvbuf = 0) const {
+    Conn conn;
+    conn.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (conn.client < 0) return Conn{};
+    if (client_rcvbuf > 0) {
+      setsockopt(conn.client, SOL_SOCKET, SO_RCVBUF, &client_rcvbuf,
+                 sizeof(client_rcvbuf));
+    }
+    sockaddr_in local = Inet(from, 0);
+    sockaddr_in server = Inet("127.0.0.1", port_);
+    if (bind(conn.client, reinterpret_cast<sockaddr*>(&local), sizeof(local)) !=
+            0 ||
+        connect(conn.client, reinterpret_cast<sockaddr*>(&server),
+                sizeof(server)) != 0) {
+      close(conn.client);
+      return Conn{};
+    }
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    conn.server =
+        ::accept(listener_, reinterpret_cast<sockaddr*>(&peer), &peer_len);
+    if (conn.server < 0) {
+      close(conn.client);
+      return Conn{};
+    }
+    gov_->OnAccept(conn.server, reinterpret_cast<sockaddr*>(&peer), peer_len);
+    return conn;
+  }
+
+  // Connects and keeps the connection for TearDown.
+  Conn Open(const char* from = "127.0.0.1", int client_rcvbuf = 0) {
+    Conn conn = Connect(from, client_rcvbuf);
+    EXPECT_GE(conn.server, 0) << "cannot connect from " << from;
+    conns_.push_back(conn);
+    return conn;
+  }
+
+  // Closes the server end the way the close interposer does, then the client.
+  void Close(Conn& conn) {
+    if (conn.server >= 0) {
+      gov_->OnClose(conn.server);
+      close(conn.server);
+    }
+    if (conn.client >= 0) close(conn.client);
+    conn = Conn{};
+  }
+  // The server end only, as the close interposer does; the client stays.
+  void CloseServer(int server_fd) {
+    gov_->OnClose(server_fd);
+    close(server_fd);
+    for (Conn& conn : conns_) {
+      if (conn.server == server_fd) conn.server = -1;
+    }
+  }
+  void CloseKept(int server_fd) {
+    for (Conn& conn : conns_) {
+      if (conn.server == server_fd) Close(conn);
+    }
+  }
+
+  // BeforeSend + ::send + AfterSend, as the send interposer does.
+  ssize_t Send(int fd, size_t bytes = 100) {
+    std::vector<char> data(bytes, 'd');
+    gov_->BeforeSend(fd);
+    const ssize_t sent =
+        ::send(fd, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    gov_->AfterSend(fd, sent);
+    return sent;
+  }
+
+  uint32_t ConnIndex(int fd) const {
+    const uint64_t state = table_->Get(fd)->state.load();
+    return state == 0 ? kNoSlot : StateConn(state);
+  }
+  const ConnSlotShm& ConnOf(int fd) const { return zone_->conn(ConnIndex(fd)); }
+  uint32_t KeyIndex(int fd) const {
+    const uint32_t conn = ConnIndex(fd);
+    return conn == kNoSlot ? kNoSlot : zone_->conn(conn).key_index.load();
+  }
+  uint32_t Active(int fd) const {
+    const uint32_t k = KeyIndex(fd);
+    return k == kNoSlot ? 0 : zone_->key(k).active.load();
+  }
+  uint32_t Refs(int fd) const {
+    const uint32_t k = KeyIndex(fd);
+    if (k == kNoSlot) return 0;
+    ZoneLock lock(*zone_);
+    return zone_->key(k).refs;
+  }
+  uint32_t ConnsUsed() const {
+    ZoneLock lock(*zone_);
+    return zone_->header().conns_used;
+  }
+  uint32_t KeysUsed() const {
+    ZoneLock lock(*zone_);
+    return zone_->header().keys_used;
+  }
+  bool PacingBecomes(int fd, uint64_t rate) const {
+    return PollUntil([&] { return Pacing(fd) == rate; });
+  }
+
+  Logger logger_;
+  std::unique_ptr<Zone> zone_;
+  std::unique_ptr<FdTable> table_;
+  std::unique_ptr<Governor> gov_;
+  int listener_ = -1;
+  uint16_t port_ = 0;
+  std::vector<Conn> conns_;
 };
 
 }  // namespace testing_util

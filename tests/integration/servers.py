@@ -1,0 +1,367 @@
+"""Servers under LD_PRELOAD for the trafficrate integration tests (part of
+harness.py).
+
+  * NginxServer: the real Debian nginx, master + N workers, daemon off (so we
+    own the master's pid) or daemon on (the master then comes from the pid
+    file, see PidProcess);
+  * PythonServer: pyserver.py, threaded or forking http.server;
+  * ServerFactory: starts servers in one workdir and stops them all.
+
+Every server is stopped by pid, with every descendant it ever had (also
+after its main process died), with bounded waits; leftovers are stopped at
+interpreter exit.
+
+Standard library only; import it through harness (`import harness`).
+"""
+
+import atexit
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from clients import http_get
+from netns_env import (NGINX, PYSERVER, PYTHON, SERVER_HOST, SMALL_FILE,
+                       free_port, server_environment)
+from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
+                   proc_starttime, wait_for)
+
+_live_servers = set()
+
+
+@atexit.register
+def _stop_leftover_servers():
+    for server in list(_live_servers):
+        server.stop()
+
+
+class PidProcess:
+    """Popen-like handle (pid, poll, wait) on a process that is not our child,
+    e.g. a daemonized nginx master. Its exit status is unknown: 0 once gone."""
+
+    def __init__(self, pid):
+        self.pid = pid
+        self.start = proc_starttime(pid)
+        self.returncode = None
+
+    def poll(self):
+        if self.returncode is None and not (
+                pid_alive(self.pid) and proc_starttime(self.pid) == self.start):
+            self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if not wait_for(lambda: self.poll() is not None,
+                        1e9 if timeout is None else timeout):
+            raise subprocess.TimeoutExpired("pid %d" % self.pid, timeout)
+        return self.returncode
+
+
+class Server:
+    """A server process we started (pid known), with captured output.
+
+    Subclasses set self.argv and self.env, then call start().
+    """
+
+    name = "server"
+
+    def __init__(self, workdir, port=None, env=None):
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.env = dict(env or {})
+        self.proc = None
+        self.stderr_path = self.workdir / ("%s-%d.stderr" % (self.name, self.port))
+        self.argv = []
+        self.title = self.name
+        self._seen = {}  # pid -> start time of descendants seen so far
+
+    def family(self):
+        """Live descendants (workers, forked children), remembered so they can
+        still be stopped after the main process died (e.g. SIGKILLed master)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.remember(descendants(self.proc.pid))
+        return [pid for pid, start in self._seen.items()
+                if pid_alive(pid) and proc_starttime(pid) == start]
+
+    def _still_ours(self, pid):
+        return pid_alive(pid) and proc_starttime(pid) == self._seen.get(pid)
+
+    def remember(self, pids):
+        """Count these processes (and, while alive, their descendants) as
+        this server's: stop() stops them too. For processes that are not
+        descendants of the main one, e.g. a new nginx master after USR2
+        once the old master has exited."""
+        for pid in pids:
+            for p in [pid] + descendants(pid):
+                start = proc_starttime(p)
+                if start is not None:
+                    self._seen.setdefault(p, start)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def start(self, wait_ready=True, timeout=10.0):
+        self.stderr_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                self.argv, env=server_environment(self.env),
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                start_new_session=True)  # Ctrl-C is ours to handle
+        _live_servers.add(self)
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def output(self):
+        """Everything the server wrote to stderr (and logs, see subclasses)."""
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def trafficrate_lines(self):
+        return [line for line in self.output().splitlines()
+                if line.startswith("trafficrate: ")]
+
+    def describe(self):
+        rc = self.proc.poll() if self.proc else None
+        return "%s pid %s port %d rc %s\n--- output ---\n%s" % (
+            self.name, self.proc.pid if self.proc else "-", self.port, rc,
+            self.output()[-4000:])
+
+    def exited(self):
+        return self.proc is not None and self.proc.poll() is not None
+
+    def wait_exit(self, timeout):
+        """Return code, or None if still running after timeout seconds."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def ready(self):
+        try:
+            status, _, _ = http_get(self.port, SMALL_FILE, timeout=1.0)
+            return status == 200
+        except (OSError, ValueError, IndexError):
+            return False
+
+    def wait_ready(self, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.exited():
+                raise RuntimeError("%s exited during start-up\n%s"
+                                   % (self.name, self.describe()))
+            if self.ready() and self.extra_ready():
+                return
+            time.sleep(0.05)
+        raise RuntimeError("%s not ready after %.0f s\n%s"
+                           % (self.name, timeout, self.describe()))
+
+    def extra_ready(self):
+        return True
+
+    def stop(self, sig=signal.SIGTERM, timeout=5.0):
+        """Stop the server and all its descendants, by pid; bounded."""
+        if self.proc is None:
+            return None
+        family = self.family()
+        if self.proc.poll() is None:
+            kill_pid(self.proc.pid, sig)
+        rc = self.wait_exit(timeout)
+        if rc is None:
+            kill_pid(self.proc.pid, signal.SIGKILL)
+            rc = self.wait_exit(timeout)
+        # Orphaned workers / forked children (e.g. after a SIGKILLed master).
+        for pid in family:
+            if self._still_ours(pid):
+                kill_pid(pid, signal.SIGTERM)
+        for pid in family:
+            if not wait_for(lambda: not self._still_ours(pid), 2.0):
+                kill_pid(pid, signal.SIGKILL)
+        _live_servers.discard(self)
+        return rc
+
+
+class NginxServer(Server):
+    """Real Debian nginx: master_process on, daemon off (we own the master pid).
+
+    Workers run as `user` and serve webroot (which must be readable by it).
+    Its own stderr (where the library's constructor writes) goes to
+    <workdir>/nginx-<port>/stderr; nginx later points stderr at its error log,
+    so output() returns both.
+    """
+
+    name = "nginx"
+
+    def __init__(self, workdir, webroot, port=None, env=None, workers=2,
+                 sendfile=True, limit_rate=None, keepalive_timeout="65s",
+                 reuseport=False, env_directives=(), user="nobody nogroup",
+                 extra_http="", extra_server="", detached=False):
+        super().__init__(workdir, port, env)
+        self.webroot = Path(webroot)
+        self.detached = detached
+        self.workers = workers
+        self.prefix = self.workdir / ("nginx-%d" % self.port)
+        self.conf_path = self.prefix / "nginx.conf"
+        self.error_log = self.prefix / "error.log"
+        self.stderr_path = self.prefix / "stderr"
+        settings = dict(sendfile=sendfile, limit_rate=limit_rate,
+                        keepalive_timeout=keepalive_timeout, reuseport=reuseport,
+                        env_directives=env_directives, user=user,
+                        extra_http=extra_http, extra_server=extra_server)
+        self.settings = settings
+        self.title = "nginx (%d workers, sendfile %s%s)" % (
+            workers, "on" if sendfile else "off",
+            ", limit_rate %s" % limit_rate if limit_rate else "")
+        self.argv = [NGINX, "-p", str(self.prefix) + "/", "-c", str(self.conf_path),
+                     "-e", str(self.error_log)]
+
+    def conf_text(self):
+        s = self.settings
+        tmp = self.prefix / "tmp"
+        lines = ["user %s;" % s["user"] if s["user"] else "",
+                 "worker_processes %d;" % self.workers,
+                 "master_process on;",
+                 "daemon %s;" % ("on" if self.detached else "off"),
+                 "pid %s;" % (self.prefix / "nginx.pid"),
+                 "error_log %s notice;" % self.error_log]
+        lines += ["env %s;" % name for name in s["env_directives"]]
+        lines += [
+            "events { worker_connections 1024; }",
+            "http {",
+            "  access_log off;",
+            "  default_type application/octet-stream;",
+            "  sendfile %s;" % ("on" if s["sendfile"] else "off"),
+            "  keepalive_timeout %s;" % s["keepalive_timeout"],
+        ]
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            lines.append("  %s_temp_path %s;" % (kind, tmp / kind))
+        lines += [
+            s["extra_http"],
+            "  server {",
+            "    listen %s:%d%s;" % (SERVER_HOST, self.port,
+                                     " reuseport" if s["reuseport"] else ""),
+            "    root %s;" % self.webroot,
+            "    location / {",
+            ("      limit_rate %s;" % s["limit_rate"]) if s["limit_rate"] else "",
+            "    }",
+            s["extra_server"],
+            "  }",
+            "}",
+        ]
+        return "\n".join(line for line in lines if line) + "\n"
+
+    def start(self, wait_ready=True, timeout=10.0):
+        (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
+        self.conf_path.write_text(self.conf_text())
+        if not self.detached:
+            return super().start(wait_ready, timeout)
+        # daemon on: the process we start forks the master and exits.
+        super().start(wait_ready=False)
+        rc = self.wait_exit(timeout)
+        if rc != 0:
+            raise RuntimeError("nginx (daemon on) did not start: rc %s\n%s"
+                               % (rc, self.describe()))
+        pid = wait_for(self.pid_from_file, timeout)
+        if not pid:
+            raise RuntimeError("nginx wrote no pid file\n%s" % self.describe())
+        self.proc = PidProcess(pid)
+        if wait_ready:
+            self.wait_ready(timeout)
+        return self
+
+    def pid_from_file(self, suffix=""):
+        """The live pid in nginx.pid (suffix ".oldbin": the old master's
+        during a binary upgrade), or None."""
+        try:
+            pid = int((self.prefix / ("nginx.pid" + suffix)).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        return pid if pid_alive(pid) else None
+
+    def output(self):
+        text = super().output()
+        try:
+            text += self.error_log.read_text(errors="replace")
+        except FileNotFoundError:
+            pass
+        return text
+
+    def worker_pids(self, master=None, shutting_down=False):
+        """Live worker processes of this master (or of another master pid,
+        e.g. a new one after USR2), by pid. nginx retitles a worker that
+        finishes gracefully "worker process is shutting down": those are
+        left out unless shutting_down=True (then only those are listed)."""
+        if master is None:
+            if self.proc is None or self.proc.poll() is not None:
+                return []
+            self.family()
+            master = self.proc.pid
+        else:
+            self.remember([master])
+        result = []
+        for pid in children(master):
+            cmd = proc_cmdline(pid) or ""
+            if "worker process" in cmd and (
+                    "shutting down" in cmd) == bool(shutting_down):
+                result.append(pid)
+        return result
+
+    def extra_ready(self):
+        return len(self.worker_pids()) >= self.workers
+
+
+class PythonServer(Server):
+    """pyserver.py (ThreadingMixIn or ForkingMixIn http.server) on webroot."""
+
+    name = "pyserver"
+
+    def __init__(self, workdir, webroot, port=None, env=None, mode="thread",
+                 sendfile=False, pace=None, fd_chain=False):
+        """mode: "thread" or "fork"; sendfile: bodies via sendfile(2);
+        pace: static SO_MAX_PACING_RATE, an int or {client_ip: B/s} (harness
+        self-checks only); fd_chain: serve each socket from a new fd number
+        reached through dup/fcntl/dup3/close_range (pyserver --fd-chain)."""
+        super().__init__(workdir, port, env)
+        self.name = "pyserver-%s%s" % (mode, "-sendfile" if sendfile else "")
+        self.title = "python %s server (%s)" % (
+            "threaded" if mode == "thread" else "forking",
+            "sendfile" if sendfile else "send")
+        self.stderr_path = self.workdir / ("%s-%d.stderr" % (self.name, self.port))
+        self.argv = [PYTHON, str(PYSERVER), "--port", str(self.port), "--bind",
+                     SERVER_HOST, "--dir", str(webroot), "--mode", mode]
+        if sendfile:
+            self.argv.append("--sendfile")
+        if fd_chain:
+            self.argv.append("--fd-chain")
+            self.title += " serving each socket from a duplicate fd"
+        if pace:
+            spec = (",".join("%s=%d" % kv for kv in pace.items())
+                    if isinstance(pace, dict) else str(int(pace)))
+            self.argv += ["--pace", spec]
+
+
+class ServerFactory:
+    """Starts servers in one workdir and stops them all at the end."""
+
+    def __init__(self, workdir, webroot):
+        self.workdir, self.webroot = Path(workdir), Path(webroot)
+        self.servers = []
+
+    def nginx(self, env=None, start=True, wait_ready=True, timeout=10.0, **kw):
+        """NginxServer(**kw) under env; start=False to start it yourself."""
+        server = NginxServer(self.workdir, self.webroot, env=env, **kw)
+        self.servers.append(server)
+        return server.start(wait_ready, timeout) if start else server
+
+    def python(self, env=None, mode="thread", start=True, wait_ready=True,
+               timeout=10.0, **kw):
+        server = PythonServer(self.workdir, self.webroot, env=env, mode=mode, **kw)
+        self.servers.append(server)
+        return server.start(wait_ready, timeout) if start else server
+
+    def stop_all(self):
+        for server in reversed(self.servers):
+            server.stop()
