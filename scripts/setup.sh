@@ -6,7 +6,7 @@
 #   trafficrate_build build            # -> build/libtrafficrate.so, build/trafficrate
 
 TRAFFICRATE_PACKAGES=(
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build g++ clang-format git
   libabsl-dev libgtest-dev googletest
   python3 python3-pytest
   nginx curl iproute2 util-linux procps

@@ -560,8 +560,8 @@ void Governor::ExpireIdle(int64_t now_ns) {
     if (!lock.ok()) return;
     if (ConnValid(conn, state) &&
         last_send.load(std::memory_order_relaxed) == last) {
-      push |= zone_->LeaveLocked(StateConn(state)) &&
-              SiblingsSendingLocked(conn);
+      push |=
+          zone_->LeaveLocked(StateConn(state)) && SiblingsSendingLocked(conn);
     }
   }
   if (push) zone_->WakeWatchers();
