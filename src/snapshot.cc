@@ -56,12 +56,12 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(Zone& zone) {
     snap.conns_reaped = h.conns_reaped.load();
     for (uint32_t i = 0; i < h.key_capacity; ++i) {
       const KeySlotShm& k = zone.key(i);
-      if (!k.in_use) continue;
+      if (!k.in_use.load()) continue;
       key_slot_to_row[i] = static_cast<uint32_t>(snap.keys.size());
       KeySnapshot row;
       row.key = FormatConnKey(KeyOf(k), snap.key_spec);
       row.active = k.active.load();
-      row.connections = k.refs;
+      row.connections = k.refs.load();
       row.share_bytes_per_sec =
           ShareBytesPerSec(snap.rate_bytes_per_sec, row.active);
       row.bytes_sent = k.bytes_closed.load();

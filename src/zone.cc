@@ -364,13 +364,14 @@ uint32_t Zone::FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns) {
   KeySlotShm& k = keys_[i];
   header_->key_free_head = k.next;
   std::memcpy(k.key, key_bytes, kKeyBytes);
-  k.refs = 0;
+  k.refs.store(0, std::memory_order_relaxed);
   k.active.store(0, std::memory_order_relaxed);
   k.bytes_closed.store(0, std::memory_order_relaxed);
-  k.created_ns = now_ns;
+  k.last_active_ns.store(now_ns, std::memory_order_relaxed);
+  k.connections_served.store(0, std::memory_order_relaxed);
   const uint32_t bucket = BucketOf(key_bytes);
   k.next = buckets_[bucket];
-  k.in_use = 1;
+  k.in_use.store(1, std::memory_order_release);
   buckets_[bucket] = i;
   ++header_->keys_used;
   return i;
@@ -399,7 +400,8 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
   // Odd: in use. The release store publishes the fields above.
   c.seq.store(c.seq.load(std::memory_order_relaxed) | 1u,
               std::memory_order_release);
-  ++keys_[key_index].refs;
+  keys_[key_index].refs.fetch_add(1, std::memory_order_relaxed);
+  keys_[key_index].connections_served.fetch_add(1, std::memory_order_relaxed);
   procs_[proc_index].conns.fetch_add(1, std::memory_order_relaxed);
   ++header_->conns_used;
   return i;
@@ -408,7 +410,10 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
 void Zone::ReleaseKeyIfUnusedLocked(uint32_t key_index) {
   if (key_index >= key_capacity()) return;
   KeySlotShm& k = keys_[key_index];
-  if (!k.in_use || k.refs != 0) return;
+  if (!k.in_use.load(std::memory_order_relaxed) ||
+      k.refs.load(std::memory_order_relaxed) != 0) {
+    return;
+  }
   UnlinkKeyLocked(key_index);
   FreeKeyLocked(key_index);
 }
@@ -427,8 +432,8 @@ void Zone::UnlinkKeyLocked(uint32_t key_index) {
 
 void Zone::FreeKeyLocked(uint32_t key_index) {
   KeySlotShm& k = keys_[key_index];
-  k.in_use = 0;
-  k.refs = 0;
+  k.in_use.store(0, std::memory_order_release);
+  k.refs.store(0, std::memory_order_relaxed);
   k.active.store(0, std::memory_order_relaxed);
   k.generation.fetch_add(1, std::memory_order_release);
   std::memset(k.key, 0, sizeof(k.key));
@@ -447,6 +452,7 @@ bool Zone::JoinLocked(uint32_t conn_index) {
   }
   c.active.store(1, std::memory_order_relaxed);
   keys_[k].active.fetch_add(1, std::memory_order_relaxed);
+  keys_[k].last_active_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   keys_[k].generation.fetch_add(1, std::memory_order_release);
   return true;
 }
@@ -463,6 +469,7 @@ bool Zone::LeaveLocked(uint32_t conn_index) {
   if (keys_[k].active.load(std::memory_order_relaxed) > 0) {
     keys_[k].active.fetch_sub(1, std::memory_order_relaxed);
   }
+  keys_[k].last_active_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   keys_[k].generation.fetch_add(1, std::memory_order_release);
   return true;
 }
@@ -478,7 +485,9 @@ bool Zone::DeregisterConnLocked(uint32_t conn_index) {
     keys_[k].bytes_closed.fetch_add(
         c.bytes_sent.load(std::memory_order_relaxed),
         std::memory_order_relaxed);
-    if (keys_[k].refs > 0) --keys_[k].refs;
+    if (keys_[k].refs.load(std::memory_order_relaxed) > 0) {
+      keys_[k].refs.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
   if (p < proc_capacity() &&
       procs_[p].conns.load(std::memory_order_relaxed) > 0) {
@@ -597,7 +606,7 @@ void Zone::RepairLocked() {
   // Keys: recount refs and active from the connections, which are written
   // before they are published; drop half-built connections.
   for (uint32_t i = 0; i < key_capacity(); ++i) {
-    keys_[i].refs = 0;
+    keys_[i].refs.store(0, std::memory_order_relaxed);
     keys_[i].active.store(0, std::memory_order_relaxed);
   }
   for (uint32_t i = 0; i < proc_capacity(); ++i) {
@@ -610,9 +619,9 @@ void Zone::RepairLocked() {
     const uint32_t k = c.key_index.load(std::memory_order_relaxed);
     const uint32_t p = c.proc_index.load(std::memory_order_relaxed);
     const bool in_use = c.seq.load(std::memory_order_relaxed) & 1;
-    if (in_use && k < key_capacity() && keys_[k].in_use &&
+    if (in_use && k < key_capacity() && keys_[k].in_use.load() &&
         p < proc_capacity()) {
-      ++keys_[k].refs;
+      keys_[k].refs.fetch_add(1, std::memory_order_relaxed);
       if (c.active.load(std::memory_order_relaxed)) {
         keys_[k].active.fetch_add(1, std::memory_order_relaxed);
       }
@@ -634,15 +643,15 @@ void Zone::RepairLocked() {
   for (uint32_t n = key_capacity(); n-- > 0;) {
     KeySlotShm& k = keys_[n];
     k.generation.fetch_add(1, std::memory_order_release);
-    if (k.in_use && k.refs > 0) {
+    if (k.in_use.load() && k.refs.load() > 0) {
       const uint32_t bucket = BucketOf(k.key);
       k.next = buckets_[bucket];
       buckets_[bucket] = n;
       ++header_->keys_used;
       continue;
     }
-    k.in_use = 0;
-    k.refs = 0;
+    k.in_use.store(0);
+    k.refs.store(0);
     k.next = header_->key_free_head;
     header_->key_free_head = n;
   }

@@ -28,20 +28,22 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 1;
+inline constexpr uint32_t kZoneLayoutVersion = 2;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
 struct KeySlotShm {
   uint8_t key[kKeyBytes];            // ConnKey bytes
   uint32_t next;                     // bucket chain, or free list; kNoSlot ends
-  uint32_t in_use;                   // 1 while the slot holds a key
-  uint32_t refs;                     // registered connections, all processes
+  std::atomic<uint32_t> in_use;      // 1 while the slot holds a key
+  std::atomic<uint32_t> refs;        // registered connections, all processes
   std::atomic<uint32_t> active;      // sending connections, all processes
   std::atomic<uint32_t> generation;  // bumped on every join and leave
   std::atomic<uint64_t> bytes_closed;  // bytes of connections already gone
-  int64_t created_ns;                  // CLOCK_MONOTONIC
-  uint64_t reserved;
+  // CLOCK_MONOTONIC of the last insert, join, leave or close: while the key
+  // has sending connections it is active now, else this is when it stopped.
+  std::atomic<int64_t> last_active_ns;
+  std::atomic<uint64_t> connections_served;  // registered since inserted
 };
 
 struct ConnSlotShm {

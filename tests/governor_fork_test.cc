@@ -233,8 +233,8 @@ TEST_F(GovernorTest,
     }
     for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
       const KeySlotShm& key = zone_->key(k);
-      if (!key.in_use) continue;
-      EXPECT_EQ(key.refs, refs[k]) << "key " << k;
+      if (!key.in_use.load()) continue;
+      EXPECT_EQ(key.refs.load(), refs[k]) << "key " << k;
       EXPECT_EQ(key.active.load(), active[k]) << "key " << k;
     }
   }

@@ -390,7 +390,7 @@ class GovernorFixture : public ZoneNameFixture {
     const uint32_t k = KeyIndex(fd);
     if (k == kNoSlot) return 0;
     ZoneLock lock(*zone_);
-    return zone_->key(k).refs;
+    return zone_->key(k).refs.load();
   }
   uint32_t ConnsUsed() const {
     ZoneLock lock(*zone_);

@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 1u);
+  EXPECT_EQ(kZoneLayoutVersion, 2u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -73,8 +73,8 @@ TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(KeySlotShm, active), 32u);
   EXPECT_EQ(offsetof(KeySlotShm, generation), 36u);
   EXPECT_EQ(offsetof(KeySlotShm, bytes_closed), 40u);
-  EXPECT_EQ(offsetof(KeySlotShm, created_ns), 48u);
-  EXPECT_EQ(offsetof(KeySlotShm, reserved), 56u);
+  EXPECT_EQ(offsetof(KeySlotShm, last_active_ns), 48u);
+  EXPECT_EQ(offsetof(KeySlotShm, connections_served), 56u);
 }
 
 TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
@@ -180,7 +180,8 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, active);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, generation);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, bytes_closed);
-  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, created_ns);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, last_active_ns);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, connections_served);
   fp.Add(sizeof(ConnSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, seq);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, key_index);
@@ -210,6 +211,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
   };
   constexpr Known kKnown[] = {
       {1, 0x01e422efd798a62cULL},
+      {2, 0x678770207850bf9cULL},  // key last_active_ns, connections_served
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;

@@ -104,7 +104,7 @@ TEST_F(ZoneTest, CountsFromForkedProcessesAddUp) {
   EXPECT_EQ(h.conns_used, uint32_t{kChildren * kRounds});
   const uint32_t k = zone->FindKeyLocked(shared.bytes);
   ASSERT_NE(k, kNoSlot);
-  EXPECT_EQ(zone->key(k).refs, uint32_t{kChildren * kRounds});
+  EXPECT_EQ(zone->key(k).refs.load(), uint32_t{kChildren * kRounds});
   EXPECT_EQ(zone->key(k).active.load(), uint32_t{kChildren * kRounds / 2});
   for (uint32_t p = 0; p < kChildren; ++p) {
     EXPECT_EQ(zone->proc(p).conns.load(), uint32_t{kRounds}) << p;
@@ -140,7 +140,7 @@ TEST_F(ZoneTest, LockHolderKilledMidUpdateLeavesARepairedTable) {
     TRAFFICRATE_CHILD_CHECK(lock.ok());
     const uint32_t b = zone->FindOrInsertKeyLocked(MakeKey(2).bytes, 1);
     TRAFFICRATE_CHILD_CHECK(b != kNoSlot);
-    zone->key(key_a).refs = 999;
+    zone->key(key_a).refs.store(999);
     zone->key(key_a).active.store(77);
     zone->header().conns_used = 12345;
     zone->header().conn_free_head = kNoSlot;  // as if the list was lost
@@ -163,7 +163,7 @@ TEST_F(ZoneTest, LockHolderKilledMidUpdateLeavesARepairedTable) {
     ASSERT_TRUE(lock.ok());
     const ZoneHeaderShm& h = zone->header();
     EXPECT_EQ(h.lock_repairs.load(), repairs + 1);
-    EXPECT_EQ(zone->key(key_a).refs, 3u);
+    EXPECT_EQ(zone->key(key_a).refs.load(), 3u);
     EXPECT_EQ(zone->key(key_a).active.load(), 2u);
     EXPECT_EQ(h.conns_used, 3u);
     EXPECT_EQ(h.keys_used, 1u);
@@ -334,7 +334,7 @@ TEST_F(ZoneTest, DeadProcessIsReapedAndALiveOneIsNot) {
     ASSERT_TRUE(lock.ok());
     const uint32_t key1 = zone->FindKeyLocked(MakeKey(1).bytes);
     ASSERT_NE(key1, kNoSlot);
-    EXPECT_EQ(zone->key(key1).refs, 2u + 3u + 3u);
+    EXPECT_EQ(zone->key(key1).refs.load(), 2u + 3u + 3u);
     EXPECT_EQ(zone->key(key1).active.load(), 1u + 2u + 2u);
     const uint32_t gen = zone->key(key1).generation.load();
 
@@ -346,7 +346,7 @@ TEST_F(ZoneTest, DeadProcessIsReapedAndALiveOneIsNot) {
     EXPECT_FALSE(zone->ReapIfDeadLocked(dead, nullptr)) << "already free";
     EXPECT_FALSE(zone->ReapIfDeadLocked(zone->proc_capacity(), nullptr));
 
-    EXPECT_EQ(zone->key(key1).refs, 2u + 3u);
+    EXPECT_EQ(zone->key(key1).refs.load(), 2u + 3u);
     EXPECT_EQ(zone->key(key1).active.load(), 1u + 2u);
     EXPECT_NE(zone->key(key1).generation.load(), gen);
     EXPECT_EQ(zone->FindKeyLocked(MakeKey(2).bytes), kNoSlot);
@@ -423,7 +423,7 @@ TEST_F(ZoneTest, ReapDeadReleasesEveryDeadProcessAndWakesWatchers) {
   EXPECT_EQ(zone->header().conns_used, 1u);
   const uint32_t key = zone->FindKeyLocked(MakeKey(1).bytes);
   ASSERT_NE(key, kNoSlot);
-  EXPECT_EQ(zone->key(key).refs, 1u);
+  EXPECT_EQ(zone->key(key).refs.load(), 1u);
   EXPECT_EQ(zone->key(key).active.load(), 0u);
   EXPECT_EQ(zone->proc(me).state.load(), kProcLive) << "the live one stays";
   EXPECT_EQ(zone->proc(me).conns.load(), 1u);

@@ -135,7 +135,7 @@ TEST_F(ZoneTest, SecondOpenerAttachesAndSeesTheFirstsData) {
     ASSERT_TRUE(lock.ok());
     const uint32_t k = second->FindKeyLocked(MakeKey(42).bytes);
     ASSERT_NE(k, kNoSlot);
-    EXPECT_EQ(second->key(k).refs, 1u);
+    EXPECT_EQ(second->key(k).refs.load(), 1u);
     EXPECT_EQ(second->key(k).active.load(), 1u);
     EXPECT_EQ(second->conn(conn).key_index.load(), k);
     EXPECT_EQ(second->conn(conn).proc_index.load(), 3u);
@@ -322,8 +322,8 @@ TEST_F(ZoneTest, KeysAreFoundInsertedOnceAndReleasedWhenUnused) {
   EXPECT_NE(a, b);
   EXPECT_EQ(zone->FindOrInsertKeyLocked(MakeKey(1).bytes, 300), a);
   EXPECT_EQ(zone->FindKeyLocked(MakeKey(2).bytes), b);
-  EXPECT_EQ(zone->key(a).created_ns, 100);
-  EXPECT_EQ(zone->key(a).refs, 0u);
+  EXPECT_EQ(zone->key(a).last_active_ns.load(), 100);
+  EXPECT_EQ(zone->key(a).refs.load(), 0u);
   EXPECT_EQ(zone->header().keys_used, 2u);
   const uint32_t c = zone->RegisterConnLocked(a, 0, 5, kPeer, 1);
   ASSERT_NE(c, kNoSlot);
@@ -348,7 +348,7 @@ TEST_F(ZoneTest, JoinAndLeaveBumpTheGenerationOnlyOnChange) {
   ASSERT_NE(c2, kNoSlot);
   const uint32_t k = zone->conn(c1).key_index.load();
   EXPECT_EQ(zone->conn(c2).key_index.load(), k);
-  EXPECT_EQ(zone->key(k).refs, 2u);
+  EXPECT_EQ(zone->key(k).refs.load(), 2u);
   EXPECT_EQ(zone->conn(c1).fd.load(), 10);
   EXPECT_EQ(std::memcmp(zone->conn(c1).peer, kPeer, 16), 0);
   EXPECT_EQ(zone->conn(c1).peer_port, 4242);
