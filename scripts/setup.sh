@@ -8,7 +8,7 @@
 TRAFFICRATE_PACKAGES=(
   cmake ninja-build g++ clang-format git
   libabsl-dev libgtest-dev googletest
-  python3 python3-pytest
+  python3 python3-pytest python3-prometheus-client
   nginx curl iproute2 util-linux procps
 )
 

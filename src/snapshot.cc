@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "src/clock.h"
 #include "src/share.h"
 #include "src/zone.h"
 
@@ -25,79 +26,101 @@ std::string FormatPeer(const uint8_t addr[16], uint16_t port) {
   return absl::StrFormat("[%s]:%u", text, port);
 }
 
-ConnKey KeyOf(const KeySlotShm& slot) {
+ConnKey KeyOf(const uint8_t (&bytes)[kKeyBytes]) {
   ConnKey key;
-  std::memcpy(key.bytes, slot.key, sizeof(key.bytes));
+  std::memcpy(key.bytes, bytes, sizeof(key.bytes));
   return key;
 }
 
 }  // namespace
 
-absl::StatusOr<ZoneSnapshot> TakeSnapshot(Zone& zone) {
+absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   const ZoneHeaderShm& h = zone.header();
+  if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion) {
+    return absl::DataLossError(absl::StrFormat(
+        "zone %s was overwritten (bad magic or version)",
+        ZoneShmName(zone.name())));
+  }
   ZoneSnapshot snap;
   snap.name = zone.name();
   snap.size_bytes = h.zone_size;
   snap.key_spec = zone.key_spec();
-  snap.key_capacity = h.key_capacity;
-  snap.conn_capacity = h.conn_capacity;
-  snap.proc_capacity = h.proc_capacity;
-  std::vector<uint32_t> key_slot_to_row(h.key_capacity, kNoSlot);
-  {
-    ZoneLock lock(zone);
-    if (!lock.ok()) {
-      return absl::UnavailableError(
-          absl::StrFormat("cannot lock zone %s", ZoneShmName(zone.name())));
+  snap.key_capacity = zone.key_capacity();
+  snap.conn_capacity = zone.conn_capacity();
+  snap.proc_capacity = zone.proc_capacity();
+  snap.rate_bytes_per_sec = h.rate_bytes_per_sec.load();
+  snap.table_full = h.table_full.load();
+  snap.lock_repairs = h.lock_repairs.load();
+  snap.procs_reaped = h.procs_reaped.load();
+  snap.conns_reaped = h.conns_reaped.load();
+  snap.taken_ns = MonotonicNowNs();
+  std::vector<uint32_t> key_row(snap.key_capacity, kNoSlot);
+  for (uint32_t i = 0; i < snap.key_capacity; ++i) {
+    const KeySlotShm& k = zone.key(i);
+    if (!k.in_use.load(std::memory_order_acquire)) continue;
+    key_row[i] = static_cast<uint32_t>(snap.keys.size());
+    KeySnapshot row;
+    uint8_t bytes[kKeyBytes];
+    for (size_t b = 0; b < kKeyBytes; ++b) {
+      bytes[b] = __atomic_load_n(&k.key[b], __ATOMIC_RELAXED);
     }
-    snap.rate_bytes_per_sec = h.rate_bytes_per_sec.load();
-    snap.table_full = h.table_full.load();
-    snap.lock_repairs = h.lock_repairs.load();
-    snap.procs_reaped = h.procs_reaped.load();
-    snap.conns_reaped = h.conns_reaped.load();
-    for (uint32_t i = 0; i < h.key_capacity; ++i) {
-      const KeySlotShm& k = zone.key(i);
-      if (!k.in_use.load()) continue;
-      key_slot_to_row[i] = static_cast<uint32_t>(snap.keys.size());
-      KeySnapshot row;
-      row.key = FormatConnKey(KeyOf(k), snap.key_spec);
-      row.active = k.active.load();
-      row.connections = k.refs.load();
-      row.share_bytes_per_sec =
-          ShareBytesPerSec(snap.rate_bytes_per_sec, row.active);
-      row.bytes_sent = k.bytes_closed.load();
-      snap.keys.push_back(std::move(row));
-    }
-    for (uint32_t i = 0; i < h.proc_capacity; ++i) {
-      const ProcSlotShm& p = zone.proc(i);
-      if (p.state.load() != kProcLive) continue;
-      snap.processes.push_back(ProcSnapshot{i, p.pid.load(), p.conns.load(),
-                                            !Zone::ProcMaybeDead(p)});
-    }
-    for (uint32_t i = 0; i < h.conn_capacity; ++i) {
-      const ConnSlotShm& c = zone.conn(i);
-      if ((c.seq.load() & 1) == 0) continue;
-      const uint32_t k = c.key_index.load();
-      const uint32_t p = c.proc_index.load();
-      ConnSnapshot row;
-      row.index = i;
-      if (k < h.key_capacity && key_slot_to_row[k] != kNoSlot) {
-        KeySnapshot& key = snap.keys[key_slot_to_row[k]];
-        row.key = key.key;
-        key.bytes_sent += c.bytes_sent.load();
-      }
-      row.peer = FormatPeer(c.peer, c.peer_port);
-      row.pid = p < h.proc_capacity ? zone.proc(p).pid.load() : 0;
-      row.fd = c.fd.load();
-      row.active = c.active.load() != 0;
-      row.share_bytes_per_sec = c.share_bytes_per_sec.load();
-      row.bytes_sent = c.bytes_sent.load();
-      snap.connections.push_back(std::move(row));
-    }
+    row.key = FormatConnKey(KeyOf(bytes), snap.key_spec);
+    row.active = k.active.load();
+    row.connections = k.refs.load();
+    row.share_bytes_per_sec =
+        ShareBytesPerSec(snap.rate_bytes_per_sec, row.active);
+    row.bytes_sent = k.bytes_closed.load();
+    row.connections_served = k.connections_served.load();
+    row.last_active_ns = k.last_active_ns.load();
+    snap.keys.push_back(std::move(row));
   }
-  std::sort(
-      snap.keys.begin(), snap.keys.end(),
-      [](const KeySnapshot& a, const KeySnapshot& b) { return a.key < b.key; });
+  for (uint32_t i = 0; i < snap.proc_capacity; ++i) {
+    const ProcSlotShm& p = zone.proc(i);
+    if (p.state.load() != kProcLive) continue;
+    snap.processes.push_back(ProcSnapshot{i, p.pid.load(), p.conns.load(),
+                                          !Zone::ProcMaybeDead(p)});
+  }
+  for (uint32_t i = 0; i < snap.conn_capacity; ++i) {
+    const ConnSlotShm& c = zone.conn(i);
+    if ((c.seq.load(std::memory_order_acquire) & 1) == 0) continue;
+    const uint32_t k = c.key_index.load();
+    const uint32_t p = c.proc_index.load();
+    ConnSnapshot row;
+    row.index = i;
+    if (k < snap.key_capacity && key_row[k] != kNoSlot) {
+      KeySnapshot& key = snap.keys[key_row[k]];
+      row.key = key.key;
+      key.bytes_sent += c.bytes_sent.load();
+    }
+    uint8_t peer[16];
+    for (size_t b = 0; b < sizeof(peer); ++b) {
+      peer[b] = __atomic_load_n(&c.peer[b], __ATOMIC_RELAXED);
+    }
+    row.peer = FormatPeer(peer, __atomic_load_n(&c.peer_port, __ATOMIC_RELAXED));
+    row.pid = p < snap.proc_capacity ? zone.proc(p).pid.load() : 0;
+    row.fd = c.fd.load();
+    row.active = c.active.load() != 0;
+    row.share_bytes_per_sec = c.share_bytes_per_sec.load();
+    row.bytes_sent = c.bytes_sent.load();
+    snap.connections.push_back(std::move(row));
+  }
+  std::sort(snap.keys.begin(), snap.keys.end(),
+            [](const KeySnapshot& a, const KeySnapshot& b) {
+              return a.key < b.key;
+            });
   return snap;
+}
+
+size_t LiveProcesses(const ZoneSnapshot& snap) {
+  return static_cast<size_t>(
+      std::count_if(snap.processes.begin(), snap.processes.end(),
+                    [](const ProcSnapshot& p) { return p.alive; }));
+}
+
+size_t ActiveConnections(const ZoneSnapshot& snap) {
+  return static_cast<size_t>(
+      std::count_if(snap.connections.begin(), snap.connections.end(),
+                    [](const ConnSnapshot& c) { return c.active; }));
 }
 
 }  // namespace trafficrate

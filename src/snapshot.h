@@ -1,10 +1,13 @@
-// A consistent copy of a zone's tables, for `trafficrate stat` and tests.
+// A copy of a zone's tables, for `trafficrate stat`/`top` and tests.
 //
 //   TRAFFICRATE_ASSIGN_OR_RETURN(ZoneSnapshot snap, TakeSnapshot(zone));
 //   for (const KeySnapshot& k : snap.keys) ... k.active ... k.share ...
 //
-// Taken under the zone lock (a memory-only copy), so counts agree with each
-// other. Not for the hot path: it allocates.
+// Read without the zone lock, so that looking never blocks a server: every
+// field is read atomically and every index is bounds-checked, so a zone that
+// changes meanwhile (or is corrupt) gives a snapshot that may be slightly
+// inconsistent between keys and connections, never a crash. Not for the hot
+// path: it allocates.
 
 #ifndef TRAFFICRATE_SRC_SNAPSHOT_H_
 #define TRAFFICRATE_SRC_SNAPSHOT_H_
@@ -26,6 +29,10 @@ struct KeySnapshot {
   uint32_t connections = 0;          // registered connections (sending or idle)
   uint64_t share_bytes_per_sec = 0;  // max(1, rate / active)
   uint64_t bytes_sent = 0;  // live connections plus those already closed
+  uint64_t connections_served = 0;  // registered since the key was inserted
+  // CLOCK_MONOTONIC when the key last had a connection join, leave or close;
+  // while active > 0 it is sending now.
+  int64_t last_active_ns = 0;
 };
 
 struct ConnSnapshot {
@@ -58,14 +65,20 @@ struct ZoneSnapshot {
   uint64_t lock_repairs = 0;
   uint64_t procs_reaped = 0;
   uint64_t conns_reaped = 0;
+  int64_t taken_ns = 0;         // CLOCK_MONOTONIC when taken
   std::vector<KeySnapshot> keys;
   std::vector<ConnSnapshot> connections;
   std::vector<ProcSnapshot> processes;
 };
 
-// Copies the zone's tables under its lock. UnavailableError if the lock
-// cannot be taken.
-absl::StatusOr<ZoneSnapshot> TakeSnapshot(Zone& zone);
+// Copies the zone's tables without taking its lock. DataLossError if the
+// zone's header no longer describes a valid zone (it was overwritten).
+absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone);
+
+// Live processes (not dead, not yet reaped) registered in the snapshot.
+size_t LiveProcesses(const ZoneSnapshot& snap);
+// Connections counted as sending.
+size_t ActiveConnections(const ZoneSnapshot& snap);
 
 }  // namespace trafficrate
 

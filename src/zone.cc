@@ -79,6 +79,18 @@ KeySpec UnpackKeySpec(uint32_t packed) {
   return spec;
 }
 
+}  // namespace
+
+ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
+  ZoneGeometry g;
+  const uint64_t per_unit =
+      sizeof(KeySlotShm) + sizeof(ConnSlotShm) + sizeof(ProcSlotShm) / 4 + 8;
+  uint64_t n = (size_bytes - AlignUp(sizeof(ZoneHeaderShm))) / per_unit;
+  if (n > (1u << 30)) n = 1u << 30;
+  while (n > 1 && Layout(static_cast<uint32_t>(n), &g) > size_bytes) --n;
+  return g;
+}
+
 std::string DescribeKeySpec(const KeySpec& spec) {
   switch (spec.mode) {
     case KeyMode::kLocal:
@@ -90,18 +102,6 @@ std::string DescribeKeySpec(const KeySpec& spec) {
   }
   if (spec.v4_prefix == 32 && spec.v6_prefix == 128) return "peer";
   return absl::StrFormat("peer/%d,%d", spec.v4_prefix, spec.v6_prefix);
-}
-
-}  // namespace
-
-ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
-  ZoneGeometry g;
-  const uint64_t per_unit =
-      sizeof(KeySlotShm) + sizeof(ConnSlotShm) + sizeof(ProcSlotShm) / 4 + 8;
-  uint64_t n = (size_bytes - AlignUp(sizeof(ZoneHeaderShm))) / per_unit;
-  if (n > (1u << 30)) n = 1u << 30;
-  while (n > 1 && Layout(static_cast<uint32_t>(n), &g) > size_bytes) --n;
-  return g;
 }
 
 std::string ZoneShmName(absl::string_view zone_name) {

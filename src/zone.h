@@ -49,6 +49,9 @@ inline constexpr uint64_t kMaxZoneSize = 1ULL << 30;
 // REQUIRES: kMinZoneSize <= size_bytes <= kMaxZoneSize.
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes);
 
+// TRAFFICRATE_KEY as written: "peer", "peer/24,64", "local", "all".
+std::string DescribeKeySpec(const KeySpec& spec);
+
 // "/trafficrate.<name>", the shm_open name of a zone.
 std::string ZoneShmName(absl::string_view zone_name);
 

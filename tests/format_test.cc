@@ -1,0 +1,207 @@
+// Output formatting of the trafficrate CLI (tools/format.h, tools/top.h).
+
+#include "tools/format.h"
+
+#include <string>
+
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/clock.h"
+#include "tools/top.h"
+
+namespace trafficrate {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(HumanBytesTest, BinaryUnitsWithOneDecimalBelowAHundred) {
+  EXPECT_EQ(HumanBytes(0), "0 B");
+  EXPECT_EQ(HumanBytes(1023), "1023 B");
+  EXPECT_EQ(HumanBytes(1024), "1 KiB");
+  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
+  EXPECT_EQ(HumanBytes(512000), "500 KiB");
+  EXPECT_EQ(HumanBytes(1048576), "1 MiB");
+  EXPECT_EQ(HumanBytes(1288490189), "1.2 GiB");
+  EXPECT_EQ(HumanBytes(uint64_t{5} << 40), "5 TiB");
+}
+
+TEST(HumanBytesTest, NeverShows1024OfAUnit) {
+  EXPECT_EQ(HumanBytes(1048575), "1 MiB");
+  EXPECT_EQ(HumanBytes(1024 * 1023), "1023 KiB");
+}
+
+TEST(HumanRateTest, AppendsPerSecond) {
+  EXPECT_EQ(HumanRate(512000), "500 KiB/s");
+  EXPECT_EQ(HumanRate(100), "100 B/s");
+}
+
+TEST(HumanAgoTest, Steps) {
+  EXPECT_EQ(HumanAgo(0), "now");
+  EXPECT_EQ(HumanAgo(kNsPerSec - 1), "now");
+  EXPECT_EQ(HumanAgo(12 * kNsPerSec), "12s ago");
+  EXPECT_EQ(HumanAgo(5 * 60 * kNsPerSec), "5m ago");
+  EXPECT_EQ(HumanAgo(3 * 3600 * kNsPerSec), "3h ago");
+  EXPECT_EQ(HumanAgo(int64_t{2} * 86400 * kNsPerSec), "2d ago");
+}
+
+TEST(JsonStringTest, EscapesQuotesBackslashesAndControls) {
+  EXPECT_EQ(JsonString("a\"b\\c\n\x01"), "\"a\\\"b\\\\c\\u000a\\u0001\"");
+}
+
+TEST(PrometheusTest, LabelEscapesAndValues) {
+  EXPECT_EQ(PrometheusLabel("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+  EXPECT_EQ(PrometheusValue(512000), "512000");
+  EXPECT_EQ(PrometheusValue(1.5), "1.500");
+  EXPECT_EQ(PrometheusValue(123456789012.0), "123456789012");
+}
+
+ZoneSnapshot SampleSnapshot() {
+  ZoneSnapshot s;
+  s.name = "web";
+  s.size_bytes = 1 << 20;
+  s.rate_bytes_per_sec = 512000;
+  s.key_capacity = 6896;
+  s.conn_capacity = 6896;
+  s.proc_capacity = 1724;
+  s.procs_reaped = 1;
+  s.conns_reaped = 3;
+  s.taken_ns = 100 * kNsPerSec;
+  KeySnapshot a;
+  a.key = "127.0.0.2";
+  a.active = 4;
+  a.connections = 4;
+  a.share_bytes_per_sec = 128000;
+  a.bytes_sent = 5000000;
+  a.connections_served = 9;
+  a.last_active_ns = 99 * kNsPerSec;
+  KeySnapshot b;
+  b.key = "127.0.0.3";
+  b.active = 0;
+  b.connections = 1;
+  b.share_bytes_per_sec = 512000;
+  b.bytes_sent = 9000000;
+  b.connections_served = 1;
+  b.last_active_ns = 88 * kNsPerSec;
+  s.keys = {b, a};
+  s.processes = {{0, 101, 3, true}, {1, 102, 2, false}};
+  ConnSnapshot c;
+  c.key = "127.0.0.2";
+  c.peer = "127.0.0.2:4000";
+  c.pid = 101;
+  c.fd = 7;
+  c.active = true;
+  c.share_bytes_per_sec = 128000;
+  c.bytes_sent = 1000;
+  s.connections = {c};
+  return s;
+}
+
+TEST(SelectKeysTest, SortsByActiveOrBytesAndCuts) {
+  const ZoneSnapshot s = SampleSnapshot();
+  std::vector<KeySnapshot> keys = SelectKeys(s, {});
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(keys[0].key, "127.0.0.2") << "most active first";
+  keys = SelectKeys(s, {0, SortBy::kBytes});
+  EXPECT_EQ(keys[0].key, "127.0.0.3") << "most bytes first";
+  keys = SelectKeys(s, {1, SortBy::kActive});
+  ASSERT_EQ(keys.size(), 1u);
+  EXPECT_EQ(keys[0].key, "127.0.0.2");
+}
+
+TEST(IdleSecondsTest, ZeroWhileSendingElseSinceLastActivity) {
+  const ZoneSnapshot s = SampleSnapshot();
+  EXPECT_EQ(IdleSeconds(s.keys[1], s.taken_ns), 0) << "active key";
+  EXPECT_DOUBLE_EQ(IdleSeconds(s.keys[0], s.taken_ns), 12.0);
+}
+
+TEST(FormatStatTableTest, HumanFiguresAndTotals) {
+  const std::string out = FormatStatTable(SampleSnapshot(), {});
+  EXPECT_THAT(out, HasSubstr("zone web: 500 KiB/s per client"));
+  EXPECT_THAT(out, HasSubstr("2 of 6896 keys"));
+  EXPECT_THAT(out, HasSubstr("(1 sending), 1 processes"));
+  EXPECT_THAT(out, HasSubstr("dead processes reaped 1 (3 connections)"));
+  EXPECT_THAT(out, HasSubstr("125 KiB/s"));
+  EXPECT_THAT(out, HasSubstr("4.8 MiB"));
+  EXPECT_THAT(out, HasSubstr("12s ago"));
+  EXPECT_LT(out.find("127.0.0.2"), out.find("127.0.0.3"));
+}
+
+TEST(FormatStatTableTest, TopSaysHowManyMore) {
+  const std::string out =
+      FormatStatTable(SampleSnapshot(), {1, SortBy::kActive});
+  EXPECT_THAT(out, HasSubstr("(1 more)"));
+  EXPECT_THAT(out, Not(HasSubstr("127.0.0.3")));
+}
+
+TEST(FormatStatJsonTest, ExactFigures) {
+  const std::string out = FormatStatJson(SampleSnapshot(), {});
+  EXPECT_THAT(out, HasSubstr("\"zone\": \"web\""));
+  EXPECT_THAT(out, HasSubstr("\"rate\": 512000"));
+  EXPECT_THAT(out, HasSubstr("\"used\": {\"keys\": 2, \"connections\": 1, "
+                             "\"active\": 1, \"processes\": 1}"));
+  EXPECT_THAT(out, HasSubstr("{\"key\": \"127.0.0.2\", \"active\": 4, "
+                             "\"connections\": 4, \"share\": 128000, "
+                             "\"bytes\": 5000000, \"served\": 9, "
+                             "\"idle_seconds\": 0.000}"));
+  EXPECT_THAT(out, HasSubstr("\"idle_seconds\": 12.000"));
+  EXPECT_THAT(out, HasSubstr("{\"pid\": 102, \"connections\": 2, "
+                             "\"alive\": false}"));
+  EXPECT_THAT(out, HasSubstr("\"peer\": \"127.0.0.2:4000\""));
+}
+
+TEST(FormatStatPrometheusTest, EveryLineIsACommentOrASample) {
+  const std::string out = FormatStatPrometheus(SampleSnapshot(), {});
+  EXPECT_THAT(out, HasSubstr("trafficrate_rate_bytes_per_second{zone=\"web\"} "
+                             "512000\n"));
+  EXPECT_THAT(out, HasSubstr("# TYPE trafficrate_key_sent_bytes_total "
+                             "counter\n"));
+  EXPECT_THAT(out, HasSubstr("trafficrate_key_active_connections{zone=\"web\","
+                             "key=\"127.0.0.2\"} 4\n"));
+  EXPECT_THAT(out, HasSubstr("trafficrate_processes{zone=\"web\"} 1\n"));
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    const bool comment = absl::StartsWith(line, "# HELP trafficrate_") ||
+                         absl::StartsWith(line, "# TYPE trafficrate_");
+    const bool sample = absl::StartsWith(line, "trafficrate_") &&
+                        line.find("{zone=\"web\"") != absl::string_view::npos;
+    EXPECT_TRUE(comment || sample) << line;
+  }
+}
+
+TEST(TopTest, BarFillsAgainstTheLimit) {
+  EXPECT_EQ(TopBar(0, 100, 10), "[..........]");
+  EXPECT_EQ(TopBar(50, 100, 10), "[#####.....]");
+  EXPECT_EQ(TopBar(100, 100, 10), "[##########]");
+  EXPECT_EQ(TopBar(300, 100, 10), "[##########]") << "capped";
+}
+
+TEST(TopTest, RowsRateFromTheBytesSinceTheLastSnapshot) {
+  ZoneSnapshot before = SampleSnapshot();
+  ZoneSnapshot now = SampleSnapshot();
+  now.taken_ns = before.taken_ns + 2 * kNsPerSec;
+  now.keys[1].bytes_sent += 1024000;  // 127.0.0.2: 512000 B/s
+  const std::vector<TopRow> rows = TopRows(now, &before, 10);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].key.key, "127.0.0.2");
+  EXPECT_EQ(rows[0].bytes_per_sec, 512000u);
+  EXPECT_EQ(rows[1].bytes_per_sec, 0u);
+  EXPECT_EQ(TopRows(now, nullptr, 10)[0].bytes_per_sec, 0u);
+  EXPECT_EQ(TopRows(now, &before, 1).size(), 1u);
+}
+
+TEST(TopTest, FrameShowsTheKeyAndItsBar) {
+  ZoneSnapshot before = SampleSnapshot();
+  ZoneSnapshot now = SampleSnapshot();
+  now.taken_ns = before.taken_ns + kNsPerSec;
+  now.keys[1].bytes_sent += 512000;
+  const std::string frame = FormatTopFrame(now, &before, 100, 30);
+  EXPECT_THAT(frame, HasSubstr("zone web - 500 KiB/s per client"));
+  EXPECT_THAT(frame, HasSubstr("127.0.0.2"));
+  // 100 columns leave an 18-character bar, full at the limit.
+  EXPECT_THAT(frame, HasSubstr("500 KiB/s [" + std::string(18, '#') + "]"));
+  EXPECT_THAT(frame, HasSubstr("q: quit"));
+}
+
+}  // namespace
+}  // namespace trafficrate

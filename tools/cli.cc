@@ -1,0 +1,183 @@
+#include "tools/cli.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "src/config.h"
+
+extern char** environ;
+
+namespace trafficrate {
+namespace {
+
+constexpr char kOverview[] =
+    R"(usage: trafficrate COMMAND [OPTIONS]
+
+Shares one download rate per client across every process of a TCP server
+(nginx, forking or threaded servers), by loading libtrafficrate.so into it.
+
+commands:
+  run     run a server with the library loaded and configured
+  check   validate a configuration and print what it means
+  stat    show a zone's clients, connections, shares and bytes
+  top     live view of the busiest clients
+  set     change a zone's rate while its servers run
+  gc      release the registrations of processes that died
+  rm      remove a zone
+
+`trafficrate COMMAND --help` describes each command.
+options: --help, --version
+exit status: 0 ok, 1 the operation failed, 2 usage error
+)";
+
+// Options shared by run and check, and the variable each one sets.
+struct ConfigOption {
+  const char* option;
+  const char* variable;
+};
+constexpr ConfigOption kConfigOptions[] = {
+    {"--rate", kEnvRate},
+    {"--key", kEnvKey},
+    {"--zone", kEnvZone},
+    {"--zone-size", kEnvZoneSize},
+    {"--idle", kEnvIdle},
+    {"--log", kEnvLog},
+    {"--ports", "TRAFFICRATE_PORTS"},
+    {"--exempt", "TRAFFICRATE_EXEMPT"},
+    {"--after", "TRAFFICRATE_AFTER"},
+};
+
+}  // namespace
+
+std::string ParsedArgs::Get(const std::string& name,
+                            const std::string& fallback) const {
+  const auto it = options.find(name);
+  return it == options.end() ? fallback : it->second;
+}
+
+absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
+                                     absl::Span<const OptionSpec> specs,
+                                     bool allow_command) {
+  ParsedArgs parsed;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (allow_command && arg == "--") {
+      parsed.command.assign(args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg == "--help" || arg == "-h") {
+      parsed.help = true;
+      continue;
+    }
+    if (arg.size() < 2 || arg[0] != '-' || arg == "-") {
+      parsed.positional.push_back(arg);
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& s : specs) {
+      if (name == s.name) spec = &s;
+    }
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown option \"", name, "\""));
+    }
+    if (!spec->takes_value) {
+      if (eq != std::string::npos) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " takes no value"));
+      }
+      parsed.options[name] = "";
+    } else if (eq != std::string::npos) {
+      parsed.options[name] = arg.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      parsed.options[name] = args[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
+    }
+  }
+  return parsed;
+}
+
+std::map<std::string, std::string> ConfigEnvironment(
+    const ParsedArgs& args, const std::map<std::string, std::string>& base) {
+  std::map<std::string, std::string> env = base;
+  for (const ConfigOption& o : kConfigOptions) {
+    if (args.Has(o.option)) env[o.variable] = args.Get(o.option, "");
+  }
+  if (args.Has("--strict")) env[kEnvStrict] = "1";
+  return env;
+}
+
+std::string ForOptions(const ParsedArgs& args, std::string message) {
+  for (const ConfigOption& o : kConfigOptions) {
+    const std::string prefix = absl::StrCat(o.variable, ": ");
+    if (args.Has(o.option) && absl::StartsWith(message, prefix)) {
+      return absl::StrCat(o.option, ": ", message.substr(prefix.size()));
+    }
+  }
+  return message;
+}
+
+std::map<std::string, std::string> TrafficrateEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const size_t eq = entry.find('=');
+    if (eq == absl::string_view::npos ||
+        !absl::StartsWith(entry, "TRAFFICRATE_")) {
+      continue;
+    }
+    env[std::string(entry.substr(0, eq))] = std::string(entry.substr(eq + 1));
+  }
+  return env;
+}
+
+int UsageError(const std::string& command, const std::string& text) {
+  std::fprintf(stderr, "trafficrate: %s%s%s (see `trafficrate %s--help`)\n",
+               command.c_str(), command.empty() ? "" : ": ", text.c_str(),
+               command.empty() ? "" : (command + " ").c_str());
+  return kExitUsage;
+}
+
+int Failure(const std::string& text) {
+  std::fprintf(stderr, "trafficrate: %s\n", text.c_str());
+  return kExitFailed;
+}
+
+int CliMain(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kOverview, stderr);
+    return kExitUsage;
+  }
+  const std::string command = args.front();
+  args.erase(args.begin());
+  if (command == "--version" || command == "version") {
+    std::printf("trafficrate %s\n", TRAFFICRATE_VERSION);
+    return kExitOk;
+  }
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kOverview, stdout);
+    return kExitOk;
+  }
+  struct Command {
+    const char* name;
+    int (*run)(const std::vector<std::string>&);
+  };
+  static constexpr Command kCommands[] = {
+      {"run", RunCommand}, {"check", CheckCommand}, {"stat", StatCommand},
+      {"top", TopCommand}, {"set", SetCommand},     {"gc", GcCommand},
+      {"rm", RmCommand},
+  };
+  for (const Command& c : kCommands) {
+    if (command == c.name) return c.run(args);
+  }
+  return UsageError("", absl::StrCat("unknown command \"", command, "\""));
+}
+
+}  // namespace trafficrate

@@ -1,0 +1,290 @@
+#include "tools/format.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/clock.h"
+#include "src/zone.h"
+
+namespace trafficrate {
+namespace {
+
+// "1.2", "12.3", "123": one decimal below 100, none above; never "1.0".
+std::string Scaled(double value) {
+  std::string text = value < 100 ? absl::StrFormat("%.1f", value)
+                                 : absl::StrFormat("%.0f", value);
+  if (text.size() > 2 && text.compare(text.size() - 2, 2, ".0") == 0) {
+    text.resize(text.size() - 2);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string PrometheusValue(double value) {
+  if (std::isfinite(value) && value == std::floor(value) &&
+      std::fabs(value) < 9e15) {
+    return absl::StrFormat("%.0f", value);
+  }
+  return absl::StrFormat("%.3f", value);
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  // 1023.96 KiB would print as "1024 KiB": move up before rounding does.
+  while (value >= 1023.95 && unit + 1 < std::size(kUnits)) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrCat(Scaled(value), " ", kUnits[unit]);
+}
+
+std::string HumanRate(uint64_t bytes_per_sec) {
+  return absl::StrCat(HumanBytes(bytes_per_sec), "/s");
+}
+
+std::string HumanAgo(int64_t ns) {
+  if (ns < kNsPerSec) return "now";
+  const int64_t s = ns / kNsPerSec;
+  if (s < 60) return absl::StrCat(s, "s ago");
+  if (s < 3600) return absl::StrCat(s / 60, "m ago");
+  if (s < 86400) return absl::StrCat(s / 3600, "h ago");
+  return absl::StrCat(s / 86400, "d ago");
+}
+
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string PrometheusLabel(absl::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::vector<KeySnapshot> SelectKeys(const ZoneSnapshot& snap,
+                                    const StatOptions& options) {
+  std::vector<KeySnapshot> keys = snap.keys;
+  std::stable_sort(
+      keys.begin(), keys.end(),
+      [&](const KeySnapshot& a, const KeySnapshot& b) {
+        if (options.sort == SortBy::kBytes && a.bytes_sent != b.bytes_sent) {
+          return a.bytes_sent > b.bytes_sent;
+        }
+        if (a.active != b.active) return a.active > b.active;
+        if (a.bytes_sent != b.bytes_sent) {
+          return a.bytes_sent > b.bytes_sent;
+        }
+        return a.key < b.key;
+      });
+  if (options.top > 0 && keys.size() > options.top) keys.resize(options.top);
+  return keys;
+}
+
+double IdleSeconds(const KeySnapshot& key, int64_t now_ns) {
+  if (key.active > 0 || key.last_active_ns <= 0) return 0;
+  const int64_t ns = now_ns - key.last_active_ns;
+  return ns > 0 ? static_cast<double>(ns) / kNsPerSec : 0;
+}
+
+std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
+  std::string out = absl::StrFormat(
+      "zone %s: %s per client (TRAFFICRATE_KEY=%s), %zu of %u keys, %zu of "
+      "%u connections (%zu sending), %zu processes\n",
+      s.name, HumanRate(s.rate_bytes_per_sec), DescribeKeySpec(s.key_spec),
+      s.keys.size(), s.key_capacity, s.connections.size(), s.conn_capacity,
+      ActiveConnections(s), LiveProcesses(s));
+  absl::StrAppendFormat(&out,
+                        "dead processes reaped %u (%u connections), table "
+                        "full %u times, lock repairs %u\n",
+                        s.procs_reaped, s.conns_reaped, s.table_full,
+                        s.lock_repairs);
+  const std::vector<KeySnapshot> keys = SelectKeys(s, options);
+  if (keys.empty()) return out + "\nno clients\n";
+  absl::StrAppendFormat(&out, "\n%-39s %6s %6s %12s %10s %7s  %s\n", "CLIENT",
+                        "ACTIVE", "CONNS", "SHARE/CONN", "SENT", "SERVED",
+                        "LAST ACTIVE");
+  for (const KeySnapshot& k : keys) {
+    const double idle = IdleSeconds(k, s.taken_ns);
+    absl::StrAppendFormat(
+        &out, "%-39s %6u %6u %12s %10s %7u  %s\n", k.key, k.active,
+        k.connections, HumanRate(k.share_bytes_per_sec),
+        HumanBytes(k.bytes_sent), k.connections_served,
+        k.active > 0 ? "now"
+                     : HumanAgo(static_cast<int64_t>(idle * kNsPerSec)));
+  }
+  if (keys.size() < s.keys.size()) {
+    absl::StrAppendFormat(&out, "(%zu more)\n", s.keys.size() - keys.size());
+  }
+  return out;
+}
+
+std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
+  std::string out = absl::StrFormat(
+      "{\"zone\": %s, \"size\": %u, \"rate\": %u, \"key\": %s,\n"
+      " \"capacity\": {\"keys\": %u, \"connections\": %u, \"processes\": "
+      "%u},\n"
+      " \"used\": {\"keys\": %u, \"connections\": %u, \"active\": %u, "
+      "\"processes\": %u},\n"
+      " \"counters\": {\"table_full\": %u, \"lock_repairs\": %u, "
+      "\"processes_reaped\": %u, \"connections_reaped\": %u},\n"
+      " \"keys\": [",
+      JsonString(s.name), s.size_bytes, s.rate_bytes_per_sec,
+      JsonString(DescribeKeySpec(s.key_spec)), s.key_capacity, s.conn_capacity,
+      s.proc_capacity, s.keys.size(), s.connections.size(),
+      ActiveConnections(s), LiveProcesses(s), s.table_full, s.lock_repairs,
+      s.procs_reaped, s.conns_reaped);
+  const char* sep = "";
+  for (const KeySnapshot& k : SelectKeys(s, options)) {
+    absl::StrAppendFormat(
+        &out,
+        "%s\n  {\"key\": %s, \"active\": %u, \"connections\": %u, "
+        "\"share\": %u, \"bytes\": %u, \"served\": %u, \"idle_seconds\": "
+        "%.3f}",
+        sep, JsonString(k.key), k.active, k.connections, k.share_bytes_per_sec,
+        k.bytes_sent, k.connections_served, IdleSeconds(k, s.taken_ns));
+    sep = ",";
+  }
+  absl::StrAppend(&out, "],\n \"processes\": [");
+  sep = "";
+  for (const ProcSnapshot& p : s.processes) {
+    absl::StrAppendFormat(
+        &out, "%s\n  {\"pid\": %d, \"connections\": %u, \"alive\": %s}", sep,
+        p.pid, p.connections, p.alive ? "true" : "false");
+    sep = ",";
+  }
+  absl::StrAppend(&out, "],\n \"connections\": [");
+  sep = "";
+  for (const ConnSnapshot& c : s.connections) {
+    absl::StrAppendFormat(
+        &out,
+        "%s\n  {\"key\": %s, \"peer\": %s, \"pid\": %d, \"fd\": %d, "
+        "\"active\": %s, \"share\": %u, \"bytes\": %u}",
+        sep, JsonString(c.key), JsonString(c.peer), c.pid, c.fd,
+        c.active ? "true" : "false", c.share_bytes_per_sec, c.bytes_sent);
+    sep = ",";
+  }
+  absl::StrAppend(&out, "]}\n");
+  return out;
+}
+
+namespace {
+
+struct Metric {
+  const char* name;
+  const char* type;
+  const char* help;
+};
+
+void AppendHeader(std::string* out, const Metric& m) {
+  absl::StrAppendFormat(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help,
+                        m.name, m.type);
+}
+
+}  // namespace
+
+std::string FormatStatPrometheus(const ZoneSnapshot& s,
+                                 const StatOptions& options) {
+  const std::string zone = PrometheusLabel(s.name);
+  std::string out;
+  const auto zone_metric = [&](const Metric& m, double value) {
+    AppendHeader(&out, m);
+    absl::StrAppendFormat(&out, "%s{zone=\"%s\"} %s\n", m.name, zone,
+                          PrometheusValue(value));
+  };
+  zone_metric({"trafficrate_rate_bytes_per_second", "gauge",
+               "Rate each client key shares among its connections."},
+              static_cast<double>(s.rate_bytes_per_sec));
+  zone_metric({"trafficrate_keys", "gauge", "Client keys in the zone."},
+              static_cast<double>(s.keys.size()));
+  zone_metric(
+      {"trafficrate_keys_capacity", "gauge", "Client keys the zone can hold."},
+      s.key_capacity);
+  zone_metric({"trafficrate_connections", "gauge",
+               "Governed connections registered in the zone."},
+              static_cast<double>(s.connections.size()));
+  zone_metric({"trafficrate_active_connections", "gauge",
+               "Governed connections currently sending."},
+              static_cast<double>(ActiveConnections(s)));
+  zone_metric({"trafficrate_connections_capacity", "gauge",
+               "Connections the zone can hold."},
+              s.conn_capacity);
+  zone_metric({"trafficrate_processes", "gauge",
+               "Live server processes registered in the zone."},
+              static_cast<double>(LiveProcesses(s)));
+  zone_metric({"trafficrate_processes_reaped_total", "counter",
+               "Dead processes whose registrations were released."},
+              static_cast<double>(s.procs_reaped));
+  zone_metric({"trafficrate_connections_reaped_total", "counter",
+               "Connections released because their process died."},
+              static_cast<double>(s.conns_reaped));
+  zone_metric({"trafficrate_table_full_total", "counter",
+               "Connections left unpaced because the zone was full."},
+              static_cast<double>(s.table_full));
+  zone_metric({"trafficrate_lock_repairs_total", "counter",
+               "Times the zone was repaired after a process died holding "
+               "its lock."},
+              static_cast<double>(s.lock_repairs));
+  const std::vector<KeySnapshot> keys = SelectKeys(s, options);
+  const auto key_metric = [&](const Metric& m, auto value_of) {
+    AppendHeader(&out, m);
+    for (const KeySnapshot& k : keys) {
+      absl::StrAppendFormat(&out, "%s{zone=\"%s\",key=\"%s\"} %s\n", m.name,
+                            zone, PrometheusLabel(k.key),
+                            PrometheusValue(value_of(k)));
+    }
+  };
+  key_metric(
+      {"trafficrate_key_active_connections", "gauge",
+       "Sending connections of the client key."},
+      [](const KeySnapshot& k) { return static_cast<double>(k.active); });
+  key_metric(
+      {"trafficrate_key_connections", "gauge",
+       "Registered connections of the client key."},
+      [](const KeySnapshot& k) { return static_cast<double>(k.connections); });
+  key_metric({"trafficrate_key_share_bytes_per_second", "gauge",
+              "Current share of each sending connection of the key."},
+             [](const KeySnapshot& k) {
+               return static_cast<double>(k.share_bytes_per_sec);
+             });
+  key_metric(
+      {"trafficrate_key_sent_bytes_total", "counter",
+       "Bytes the server handed to the kernel for the key."},
+      [](const KeySnapshot& k) { return static_cast<double>(k.bytes_sent); });
+  key_metric({"trafficrate_key_connections_served_total", "counter",
+              "Connections of the key registered since it appeared."},
+             [](const KeySnapshot& k) {
+               return static_cast<double>(k.connections_served);
+             });
+  key_metric({"trafficrate_key_idle_seconds", "gauge",
+              "Seconds since the key last had a sending connection."},
+             [&](const KeySnapshot& k) { return IdleSeconds(k, s.taken_ns); });
+  return out;
+}
+
+}  // namespace trafficrate
