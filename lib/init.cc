@@ -19,6 +19,7 @@
 #include "src/fd_table.h"
 #include "src/governor.h"
 #include "src/log.h"
+#include "src/rules.h"
 #include "src/zone.h"
 
 namespace trafficrate {
@@ -101,8 +102,13 @@ void Initialize() {
                 absl::ResourceExhaustedError("cannot map the fd table"),
                 strict);
   }
+  absl::StatusOr<AcceptRules> rules =
+      AcceptRules::Make(config->ports, config->exempt);
+  if (!rules.ok()) return Fail(g_logger, rules.status(), strict);
   GovernorOptions options;
   options.key = config->key;
+  options.rules = *rules;
+  options.after_bytes = config->after_bytes;
   options.idle_ns = config->idle_ns;
   // Never destroyed: host threads may still send while the process exits.
   auto* gov = new Governor(zone->release(), table, &g_logger, options);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "src/key.h"
+#include "src/rules.h"
 #include "src/status_macros.h"
 #include "src/units.h"
 
@@ -48,6 +49,10 @@ absl::StatusOr<uint64_t> ParseRate(absl::string_view value) {
 absl::StatusOr<uint64_t> ParseZoneSize(absl::string_view value) {
   return ParseByteCount(kEnvZoneSize, value, /*allow_g=*/true,
                         kMinZoneSizeBytes, kMaxZoneSizeBytes);
+}
+
+absl::StatusOr<uint64_t> ParseAfter(absl::string_view value) {
+  return ParseByteCount(kEnvAfter, value, /*allow_g=*/true, 0, kMaxAfterBytes);
 }
 
 absl::StatusOr<int64_t> ParseIdleNs(absl::string_view value) {
@@ -97,6 +102,15 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   }
   if (const char* value = env(kEnvZoneSize); value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.zone_size_bytes, ParseZoneSize(value));
+  }
+  if (const char* value = env(kEnvPorts); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.ports, ParsePorts(value));
+  }
+  if (const char* value = env(kEnvExempt); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.exempt, ParseExempt(value));
+  }
+  if (const char* value = env(kEnvAfter); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.after_bytes, ParseAfter(value));
   }
   if (const char* value = env(kEnvLog); value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.log,

@@ -15,6 +15,17 @@
 //   TRAFFICRATE_KEY        peer | peer/N | peer/N,M | local | all (key.h)
 //   TRAFFICRATE_ZONE       shared memory zone name (see ParseZoneName)
 //   TRAFFICRATE_ZONE_SIZE  zone size, k/m/g units, 64k .. 1g
+//   TRAFFICRATE_PORTS      local ports whose accepted connections are
+//                          governed: "80,443,8000-8099" (rules.h). Unset:
+//                          all ports.
+//   TRAFFICRATE_EXEMPT     client addresses and networks never governed, at
+//                          most 64: "10.0.0.0/8,127.0.0.3,2001:db8::/32,::1"
+//                          (rules.h). Unset: none.
+//   TRAFFICRATE_AFTER      bytes a connection sends before it is paced, as
+//                          nginx's limit_rate_after: k/m/g units, 0 .. 1024g,
+//                          default 0. Counted per connection, not per HTTP
+//                          request: a keep-alive connection's later
+//                          responses are paced from their first byte.
 //   TRAFFICRATE_LOG        stderr | syslog | off | /absolute/file/path
 //   TRAFFICRATE_STRICT     0 | 1
 //   TRAFFICRATE_IDLE       how long a connection may go without writing before
@@ -27,12 +38,14 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/base/attributes.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "src/key.h"
+#include "src/rules.h"
 
 namespace trafficrate {
 
@@ -40,17 +53,22 @@ inline constexpr const char* kEnvRate = "TRAFFICRATE_RATE";
 inline constexpr const char* kEnvKey = "TRAFFICRATE_KEY";
 inline constexpr const char* kEnvZone = "TRAFFICRATE_ZONE";
 inline constexpr const char* kEnvZoneSize = "TRAFFICRATE_ZONE_SIZE";
+inline constexpr const char* kEnvPorts = "TRAFFICRATE_PORTS";
+inline constexpr const char* kEnvExempt = "TRAFFICRATE_EXEMPT";
+inline constexpr const char* kEnvAfter = "TRAFFICRATE_AFTER";
 inline constexpr const char* kEnvLog = "TRAFFICRATE_LOG";
 inline constexpr const char* kEnvStrict = "TRAFFICRATE_STRICT";
 inline constexpr const char* kEnvIdle = "TRAFFICRATE_IDLE";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate, kEnvKey, kEnvZone, kEnvZoneSize, kEnvLog, kEnvStrict, kEnvIdle};
+    kEnvRate,   kEnvKey,   kEnvZone, kEnvZoneSize, kEnvPorts,
+    kEnvExempt, kEnvAfter, kEnvLog,  kEnvStrict,   kEnvIdle};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
 inline constexpr uint64_t kMinZoneSizeBytes = uint64_t{64} << 10;   // 64k
 inline constexpr uint64_t kMaxZoneSizeBytes = uint64_t{1} << 30;    // 1g
+inline constexpr uint64_t kMaxAfterBytes = uint64_t{1} << 40;       // 1024g
 inline constexpr int64_t kMinIdleNs = 1'000'000;                    // 1ms
 inline constexpr int64_t kMaxIdleNs = 60'000'000'000;               // 60s
 
@@ -62,6 +80,9 @@ struct Config {
   KeySpec key;
   std::string zone_name = "default";
   uint64_t zone_size_bytes = uint64_t{1} << 20;
+  std::vector<PortRange> ports;  // sorted, merged; empty: every port
+  std::vector<Cidr> exempt;      // empty: nobody is exempt
+  uint64_t after_bytes = 0;
   LogTarget log = LogTarget::kStderr;
   std::string log_path;  // set when log == LogTarget::kFile
   bool strict = false;
@@ -90,6 +111,10 @@ ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseRate(
     absl::string_view value);
 // TRAFFICRATE_ZONE_SIZE: see the file comment.
 ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseZoneSize(
+    absl::string_view value);
+// TRAFFICRATE_AFTER: see the file comment. (TRAFFICRATE_PORTS and
+// TRAFFICRATE_EXEMPT: ParsePorts and ParseExempt in rules.h.)
+ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseAfter(
     absl::string_view value);
 // TRAFFICRATE_IDLE: see the file comment. Returns nanoseconds.
 ABSL_MUST_USE_RESULT absl::StatusOr<int64_t> ParseIdleNs(

@@ -45,10 +45,35 @@ bool IsInetWithLength(const sockaddr* addr, socklen_t len) {
   return false;
 }
 
+// The peer of an accepted socket: `peer` if accept filled in a whole
+// AF_INET or AF_INET6 address, else the kernel's (getpeername, into *buf).
+// Null if it has none; *peer_len follows the address returned.
+const sockaddr* PeerAddress(int fd, const sockaddr* peer, socklen_t* peer_len,
+                            sockaddr_storage* buf) {
+  if (IsInetWithLength(peer, *peer_len)) return peer;
+  socklen_t len = sizeof(*buf);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(buf), &len) != 0) {
+    return nullptr;
+  }
+  peer = reinterpret_cast<const sockaddr*>(buf);
+  if (!IsInetWithLength(peer, len)) return nullptr;
+  *peer_len = len;
+  return peer;
+}
+
+// The port of an AF_INET or AF_INET6 address, host order; 0 for others.
+uint16_t PortOf(const sockaddr* addr, socklen_t len) {
+  uint8_t peer16[16];
+  uint16_t port = 0;
+  if (IsInetWithLength(addr, len)) PeerBytes(addr, peer16, &port);
+  return port;
+}
+
 // Classifies an accepted socket: a TCP (stream) socket with an AF_INET or
-// AF_INET6 peer, and its key. peer may be null or truncated: then the
-// kernel is asked.
-bool Classify(int fd, const KeySpec& spec, const sockaddr* peer,
+// AF_INET6 peer, on a governed local port, from a client that is not exempt;
+// and its key. peer may be null or truncated: then the kernel is asked. The
+// local address is asked for only when the key or the port rules need it.
+bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
               socklen_t peer_len, ConnKey* key, uint8_t peer16[16],
               uint16_t* peer_port) {
   int type = 0;
@@ -58,29 +83,23 @@ bool Classify(int fd, const KeySpec& spec, const sockaddr* peer,
     return false;
   }
   sockaddr_storage peer_buf;
-  if (!IsInetWithLength(peer, peer_len)) {
-    socklen_t len = sizeof(peer_buf);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer_buf), &len) != 0) {
-      return false;
-    }
-    peer = reinterpret_cast<const sockaddr*>(&peer_buf);
-    peer_len = len;
-    if (!IsInetWithLength(peer, peer_len)) return false;
-  }
+  peer = PeerAddress(fd, peer, &peer_len, &peer_buf);
+  if (peer == nullptr) return false;
+  PeerBytes(peer, peer16, peer_port);
+  if (options.rules.Exempts(peer16)) return false;
   sockaddr_storage local_buf;
   const sockaddr* local = nullptr;
   socklen_t local_len = 0;
-  if (spec.mode == KeyMode::kLocal) {
+  if (options.key.mode == KeyMode::kLocal || options.rules.restricts_ports()) {
     local_len = sizeof(local_buf);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_buf), &local_len) !=
         0) {
       return false;
     }
     local = reinterpret_cast<const sockaddr*>(&local_buf);
+    if (!options.rules.GovernsPort(PortOf(local, local_len))) return false;
   }
-  if (!MakeConnKey(spec, peer, peer_len, local, local_len, key)) return false;
-  PeerBytes(peer, peer16, peer_port);
-  return true;
+  return MakeConnKey(options.key, peer, peer_len, local, local_len, key);
 }
 
 }  // namespace
@@ -176,7 +195,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_.key, peer, peer_len, &key, peer16, &peer_port)) {
+  if (!Classify(fd, options_, peer, peer_len, &key, peer16, &peer_port)) {
     return;
   }
   Register(fd, *entry, key, peer16, peer_port);
@@ -254,6 +273,11 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
   const uint32_t index = StateConn(state);
   const ConnSlotShm& conn = zone_->conn(index);
   uint32_t me = proc_.load(std::memory_order_acquire);
+  // TRAFFICRATE_AFTER: until AfterSend has counted after_bytes, the
+  // connection takes no share and is not paced. The send that crosses it is
+  // the last unpaced one: the next one joins.
+  const bool join =
+      conn.bytes_sent.load(std::memory_order_relaxed) >= options_.after_bytes;
   if (conn.proc_index.load(std::memory_order_relaxed) != me) {
     // Inherited across fork from the process that registered it. If that
     // process counts it as sending, it is counted once already.
@@ -263,6 +287,8 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
     }
     me = EnsureProc();
     if (me == kNoSlot) return;
+  } else if (!join) {
+    return;  // ours, still within TRAFFICRATE_AFTER: no lock
   }
   bool push = false;
   {
@@ -270,13 +296,14 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
     if (!lock.ok() || !ConnValid(conn, state)) return;
     if (conn.proc_index.load(std::memory_order_relaxed) != me &&
         !conn.active.load(std::memory_order_relaxed)) {
-      // The sender owns it from now on: its watcher paces and expires it.
+      // The sender owns it from now on (also before it joins): its watcher
+      // paces and expires it, and its close ends the registration.
       zone_->TransferConnLocked(index, me, fd);
     }
-    push = zone_->JoinLocked(index) && SiblingsSendingLocked(conn);
+    push = join && zone_->JoinLocked(index) && SiblingsSendingLocked(conn);
   }
   if (push) zone_->WakeWatchers();
-  ApplyIfChanged(fd, entry, state, conn);
+  if (join) ApplyIfChanged(fd, entry, state, conn);
 }
 
 void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
@@ -287,7 +314,7 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
   uint8_t peer16[16];
   uint16_t peer_port = 0;
   const bool is_conn =
-      Classify(fd, options_.key, nullptr, 0, &key, peer16, &peer_port);
+      Classify(fd, options_, nullptr, 0, &key, peer16, &peer_port);
   if (!entry.state.compare_exchange_strong(state, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it

@@ -1,10 +1,11 @@
 // The Governor: one per process. It decides, for the sockets this process
-// accepted, when a connection registers with the zone (on accept), joins its
-// key (on its first send, and again after being idle), leaves (idle) and
-// deregisters (on close); it applies each connection's share with
-// SO_MAX_PACING_RATE; and it runs the process's watcher thread, which
-// re-applies shares pushed by other processes, expires idle connections and
-// reaps the registrations of dead processes.
+// accepted, whether a connection is governed at all (its local port and
+// client, on accept), when it registers with the zone (on accept), joins its
+// key (on its first send, or once it has sent TRAFFICRATE_AFTER bytes; again
+// after being idle), leaves (idle) and deregisters (on close); it applies
+// each connection's share with SO_MAX_PACING_RATE; and it runs the process's
+// watcher thread, which re-applies shares pushed by other processes, expires
+// idle connections and reaps the registrations of dead processes.
 //
 //   Governor gov(zone, table, &logger, options);
 //   gov.OnAccept(fd, peer, peer_len);  // after a successful accept
@@ -32,12 +33,19 @@
 #include "src/fd_table.h"
 #include "src/key.h"
 #include "src/log.h"
+#include "src/rules.h"
 #include "src/zone.h"
 
 namespace trafficrate {
 
 struct GovernorOptions {
   KeySpec key;
+  // TRAFFICRATE_PORTS and TRAFFICRATE_EXEMPT, decided once per connection at
+  // accept: a connection they leave out is never registered.
+  AcceptRules rules;
+  // TRAFFICRATE_AFTER: a connection joins its key (takes a share, is paced)
+  // only once it has sent this many bytes.
+  uint64_t after_bytes = 0;
   int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
   int64_t coalesce_ns = 2'000'000;  // minimum gap between share scans
   int64_t reap_interval_ns = 250'000'000;
@@ -54,7 +62,10 @@ class Governor {
   Governor& operator=(const Governor&) = delete;
 
   // After accept returned fd. peer may be null (then getpeername is used).
-  // Registers AF_INET/AF_INET6 stream sockets; leaves others alone.
+  // Registers AF_INET/AF_INET6 stream sockets on a governed local port from
+  // a client that is not exempt (options.rules); leaves others alone for
+  // good. Costs a getsockname only when the rules restrict the ports (or
+  // the key is the local endpoint).
   void OnAccept(int fd, const sockaddr* peer, socklen_t peer_len);
   // Hot path: no allocation, no lock unless the connection joins its key,
   // errno may be clobbered (the interposer restores it).

@@ -37,9 +37,9 @@ ConnKey KeyOf(const uint8_t (&bytes)[kKeyBytes]) {
 absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   const ZoneHeaderShm& h = zone.header();
   if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion) {
-    return absl::DataLossError(absl::StrFormat(
-        "zone %s was overwritten (bad magic or version)",
-        ZoneShmName(zone.name())));
+    return absl::DataLossError(
+        absl::StrFormat("zone %s was overwritten (bad magic or version)",
+                        ZoneShmName(zone.name())));
   }
   ZoneSnapshot snap;
   snap.name = zone.name();
@@ -77,8 +77,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   for (uint32_t i = 0; i < snap.proc_capacity; ++i) {
     const ProcSlotShm& p = zone.proc(i);
     if (p.state.load() != kProcLive) continue;
-    snap.processes.push_back(ProcSnapshot{i, p.pid.load(), p.conns.load(),
-                                          !Zone::ProcMaybeDead(p)});
+    snap.processes.push_back(
+        ProcSnapshot{i, p.pid.load(), p.conns.load(), !Zone::ProcMaybeDead(p)});
   }
   for (uint32_t i = 0; i < snap.conn_capacity; ++i) {
     const ConnSlotShm& c = zone.conn(i);
@@ -96,7 +96,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     for (size_t b = 0; b < sizeof(peer); ++b) {
       peer[b] = __atomic_load_n(&c.peer[b], __ATOMIC_RELAXED);
     }
-    row.peer = FormatPeer(peer, __atomic_load_n(&c.peer_port, __ATOMIC_RELAXED));
+    row.peer =
+        FormatPeer(peer, __atomic_load_n(&c.peer_port, __ATOMIC_RELAXED));
     row.pid = p < snap.proc_capacity ? zone.proc(p).pid.load() : 0;
     row.fd = c.fd.load();
     row.active = c.active.load() != 0;
@@ -104,10 +105,9 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     row.bytes_sent = c.bytes_sent.load();
     snap.connections.push_back(std::move(row));
   }
-  std::sort(snap.keys.begin(), snap.keys.end(),
-            [](const KeySnapshot& a, const KeySnapshot& b) {
-              return a.key < b.key;
-            });
+  std::sort(
+      snap.keys.begin(), snap.keys.end(),
+      [](const KeySnapshot& a, const KeySnapshot& b) { return a.key < b.key; });
   return snap;
 }
 

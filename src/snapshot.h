@@ -65,7 +65,7 @@ struct ZoneSnapshot {
   uint64_t lock_repairs = 0;
   uint64_t procs_reaped = 0;
   uint64_t conns_reaped = 0;
-  int64_t taken_ns = 0;         // CLOCK_MONOTONIC when taken
+  int64_t taken_ns = 0;  // CLOCK_MONOTONIC when taken
   std::vector<KeySnapshot> keys;
   std::vector<ConnSnapshot> connections;
   std::vector<ProcSnapshot> processes;

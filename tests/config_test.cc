@@ -5,12 +5,14 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/key.h"
+#include "src/rules.h"
 
 namespace trafficrate {
 namespace {
@@ -67,6 +69,9 @@ TEST(ParseConfigTest, OnlyRateSetGivesDefaults) {
   EXPECT_EQ(config.log_path, "");
   EXPECT_FALSE(config.strict);
   EXPECT_EQ(config.idle_ns, 200'000'000);
+  EXPECT_TRUE(config.ports.empty()) << "every port";
+  EXPECT_TRUE(config.exempt.empty());
+  EXPECT_EQ(config.after_bytes, 0u);
 }
 
 TEST(ParseConfigTest, RateUnsetDisablesTheLibrary) {
@@ -96,10 +101,16 @@ TEST(ParseConfigTest, EveryVariableIsReadExactlyOnce) {
 }
 
 TEST(ParseConfigTest, AllVariablesSet) {
-  FakeEnv env = {{kEnvRate, "2m"},         {kEnvKey, "peer/24,64"},
-                 {kEnvZone, "site-1.a_b"}, {kEnvZoneSize, "32m"},
-                 {kEnvLog, "/var/log/tr"}, {kEnvStrict, "1"},
-                 {kEnvIdle, "1s"}};
+  FakeEnv env = {{kEnvRate, "2m"},
+                 {kEnvKey, "peer/24,64"},
+                 {kEnvZone, "site-1.a_b"},
+                 {kEnvZoneSize, "32m"},
+                 {kEnvLog, "/var/log/tr"},
+                 {kEnvStrict, "1"},
+                 {kEnvIdle, "1s"},
+                 {kEnvPorts, "8000-8099,80"},
+                 {kEnvExempt, "10.0.0.0/8, ::1"},
+                 {kEnvAfter, "2m"}};
   const Config config = env.Parse().value();
   EXPECT_TRUE(config.enabled);
   EXPECT_EQ(config.rate_bytes_per_sec, 2u << 20);
@@ -111,13 +122,31 @@ TEST(ParseConfigTest, AllVariablesSet) {
   EXPECT_EQ(config.log_path, "/var/log/tr");
   EXPECT_TRUE(config.strict);
   EXPECT_EQ(config.idle_ns, 1'000'000'000);
+  EXPECT_EQ(FormatPorts(config.ports), "80,8000-8099");
+  ASSERT_EQ(config.exempt.size(), 2u);
+  EXPECT_EQ(FormatCidr(config.exempt[0]), "10.0.0.0/8");
+  EXPECT_EQ(FormatCidr(config.exempt[1]), "::1");
+  EXPECT_EQ(config.after_bytes, 2u << 20);
+}
+
+TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
+  const std::vector<std::string> want = {
+      kEnvRate,   kEnvKey,   kEnvZone, kEnvZoneSize, kEnvPorts,
+      kEnvExempt, kEnvAfter, kEnvLog,  kEnvStrict,   kEnvIdle};
+  std::vector<std::string> seen;
+  ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
+                seen.push_back(name);
+                return nullptr;
+              }).ok());
+  EXPECT_EQ(seen, want);
 }
 
 TEST(ParseConfigTest, EachBadVariableIsNamed) {
   const std::pair<const char*, const char*> bad_values[] = {
       {kEnvRate, "5x"},     {kEnvKey, "peers"},    {kEnvZone, "a/b"},
       {kEnvZoneSize, "2g"}, {kEnvLog, "file.log"}, {kEnvStrict, "yes"},
-      {kEnvIdle, "5h"},
+      {kEnvIdle, "5h"},     {kEnvPorts, "80x"},    {kEnvExempt, "abc"},
+      {kEnvAfter, "1t"},
   };
   for (const auto& [name, value] : bad_values) {
     FakeEnv env = {{kEnvRate, "1m"}};
@@ -186,6 +215,45 @@ TEST(ParseIdleNsTest, Bounds) {
   ExpectErrorNaming(ParseIdleNs("999us").status(), kEnvIdle);
   ExpectErrorNaming(ParseIdleNs("61s").status(), kEnvIdle);
   ExpectErrorNaming(ParseIdleNs("-1").status(), kEnvIdle);
+}
+
+TEST(ParseAfterTest, UnitsAndBounds) {
+  EXPECT_EQ(ParseAfter("0").value(), 0u);
+  EXPECT_EQ(ParseAfter("1").value(), 1u);
+  EXPECT_EQ(ParseAfter("500k").value(), 500u << 10);
+  EXPECT_EQ(ParseAfter("2m").value(), 2u << 20);
+  EXPECT_EQ(ParseAfter("2M").value(), 2u << 20);
+  EXPECT_EQ(ParseAfter("3g").value(), uint64_t{3} << 30);
+  EXPECT_EQ(ParseAfter("1024g").value(), uint64_t{1} << 40);
+  const absl::Status high = ParseAfter("1025g").status();
+  ExpectErrorNaming(high, kEnvAfter);
+  EXPECT_THAT(std::string(high.message()),
+              HasSubstr("above the maximum 1024g"));
+  for (const char* value :
+       {"", "-1", "2mb", "1.5m", "2 m", "1t", "99999999999999999999g"}) {
+    ExpectErrorNaming(ParseAfter(value).status(), kEnvAfter);
+  }
+}
+
+TEST(ParseConfigTest, ListErrorsAreOneLineAndNameTheVariable) {
+  const std::pair<const char*, const char*> bad_values[] = {
+      {kEnvPorts, "0"},
+      {kEnvPorts, "65536"},
+      {kEnvPorts, "-1"},
+      {kEnvPorts, "80,,443"},
+      {kEnvExempt, "10.0.0.0/33"},
+      {kEnvExempt, "::1/129"},
+      {kEnvExempt, "10.0.0.1/"},
+      {kEnvExempt, "a\nb"},
+  };
+  for (const auto& [name, value] : bad_values) {
+    FakeEnv env = {{kEnvRate, "1m"}};
+    env.Set(name, value);
+    ExpectErrorNaming(env.Parse().status(), name);
+  }
+  // A newline next to an item is a blank; inside one it is escaped.
+  FakeEnv newline = {{kEnvExempt, "::1,\n10.0.0.0/8x"}};
+  ExpectErrorNaming(newline.Parse().status(), kEnvExempt);
 }
 
 TEST(ParseStrictTest, OnlyZeroAndOne) {

@@ -4,9 +4,10 @@
 // and reads back the pacing with getsockopt(SO_MAX_PACING_RATE).
 //
 // This file: registration on accept, joining on the first send, shares per
-// key, idle expiry, dup'ed and reused fd numbers, rate changes and a full
-// zone. Forked children, reaping and threads are in governor_fork_test.cc;
-// the fixture is in test_util.h.
+// key, idle expiry, dup'ed and reused fd numbers, rate changes, a full
+// zone, and the accept rules (TRAFFICRATE_PORTS, TRAFFICRATE_EXEMPT) and
+// TRAFFICRATE_AFTER. Forked children, reaping and threads are in
+// governor_fork_test.cc; the fixture is in test_util.h.
 
 #include "src/governor.h"
 
@@ -19,11 +20,13 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "src/clock.h"
 #include "src/config.h"
+#include "src/rules.h"
 #include "src/zone.h"
 #include "tests/test_util.h"
 
@@ -421,6 +424,172 @@ TEST_F(GovernorTest, FullZoneLeavesNewConnectionsUnpaced) {
   EXPECT_NE(table_->Get(next.server)->state.load(), 0u);
   gov_->BeforeSend(next.server);
   EXPECT_EQ(Pacing(next.server), kRate);
+}
+
+// --- TRAFFICRATE_PORTS, TRAFFICRATE_EXEMPT and TRAFFICRATE_AFTER.
+
+GovernorOptions RuleOptions(const std::vector<PortRange>& ports,
+                            const char* exempt = nullptr) {
+  GovernorOptions options;
+  options.idle_ns = kLongIdleNs;
+  std::vector<Cidr> cidrs;
+  if (exempt != nullptr) cidrs = ParseExempt(exempt).value();
+  options.rules = AcceptRules::Make(ports, cidrs).value();
+  return options;
+}
+
+sockaddr_in6 MappedPeer(const char* v4, uint16_t port) {
+  sockaddr_in6 peer{};
+  peer.sin6_family = AF_INET6;
+  peer.sin6_port = htons(port);
+  const std::string text = std::string("::ffff:") + v4;
+  EXPECT_EQ(inet_pton(AF_INET6, text.c_str(), &peer.sin6_addr), 1);
+  return peer;
+}
+
+TEST_F(GovernorTest, ConnectionOnAnUngovernedPortIsNotRegistered) {
+  const uint16_t other = port_ == 65535 ? port_ - 1 : port_ + 1;
+  StartGovernor(RuleOptions({{other, other}, {1, 1}}));
+  const Conn c = Open("127.0.0.2");
+  ASSERT_GE(c.server, 0);
+  EXPECT_EQ(table_->Get(c.server)->state.load(), 0u);
+  EXPECT_EQ(ConnsUsed(), 0u);
+  EXPECT_EQ(KeysUsed(), 0u);
+  EXPECT_EQ(Send(c.server, 1000), 1000);
+  EXPECT_EQ(Send(c.server, 1000), 1000);
+  EXPECT_EQ(ConnsUsed(), 0u) << "a send does not register it either";
+  EXPECT_EQ(Pacing(c.server), kNotPaced);
+}
+
+TEST_F(GovernorTest, ConnectionOnAGovernedPortIsRegistered) {
+  StartGovernor(RuleOptions({{1, 1}, {port_, port_}}));
+  const Conn c = Open("127.0.0.2");
+  ASSERT_GE(c.server, 0);
+  EXPECT_NE(table_->Get(c.server)->state.load(), 0u);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(Pacing(c.server), kRate);
+}
+
+TEST_F(GovernorTest, ExemptClientIsNotRegisteredWhileAnotherClientIs) {
+  StartGovernor(RuleOptions({}, "10.0.0.0/8,127.0.0.3,::1"));
+  const Conn exempt = Open("127.0.0.3");
+  const Conn governed = Open("127.0.0.2");
+  ASSERT_GE(governed.server, 0);
+  EXPECT_EQ(table_->Get(exempt.server)->state.load(), 0u);
+  EXPECT_NE(table_->Get(governed.server)->state.load(), 0u);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  EXPECT_EQ(KeysUsed(), 1u);
+  EXPECT_EQ(Send(exempt.server), 100);
+  EXPECT_EQ(Send(governed.server), 100);
+  EXPECT_EQ(Pacing(exempt.server), kNotPaced);
+  EXPECT_EQ(Pacing(governed.server), kRate);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  EXPECT_EQ(ConnOf(governed.server).peer[15], 2);
+}
+
+TEST_F(GovernorTest, Ipv4ExemptionCoversTheMappedPeerOfADualStackSocket) {
+  StartGovernor(RuleOptions({}, "127.0.0.3"));
+  const Conn c = Open("127.0.0.3");
+  ASSERT_GE(c.server, 0);
+  EXPECT_EQ(ConnsUsed(), 0u);
+  // Replay the accept as a dual-stack (AF_INET6) listener reports it.
+  const sockaddr_in6 mapped = MappedPeer("127.0.0.3", 4000);
+  gov_->OnAccept(c.server, reinterpret_cast<const sockaddr*>(&mapped),
+                 sizeof(mapped));
+  EXPECT_EQ(table_->Get(c.server)->state.load(), 0u);
+  EXPECT_EQ(ConnsUsed(), 0u);
+  const sockaddr_in6 other = MappedPeer("127.0.0.2", 4000);
+  gov_->OnAccept(c.server, reinterpret_cast<const sockaddr*>(&other),
+                 sizeof(other));
+  EXPECT_EQ(ConnsUsed(), 1u) << "::ffff:127.0.0.2 is not exempt";
+}
+
+TEST_F(GovernorTest, PortsAndExemptionsApplyTogether) {
+  StartGovernor(RuleOptions({{port_, port_}}, "::/0"));
+  const Conn c = Open("127.0.0.3");
+  ASSERT_GE(c.server, 0);
+  EXPECT_EQ(ConnsUsed(), 1u) << "::/0 exempts IPv6 clients, not IPv4 ones";
+}
+
+TEST_F(GovernorTest, AfterLeavesAConnectionUnpacedUntilItHasSentThatMuch) {
+  GovernorOptions options = RuleOptions({});
+  options.after_bytes = 3000;
+  StartGovernor(options);
+  const Conn c = Open("127.0.0.2");
+  ASSERT_GE(c.server, 0);
+  EXPECT_EQ(ConnsUsed(), 1u) << "registered (stat shows it), not joined";
+  EXPECT_EQ(Send(c.server, 1000), 1000);
+  EXPECT_EQ(Send(c.server, 1000), 1000);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
+  EXPECT_EQ(Active(c.server), 0u);
+  EXPECT_EQ(Pacing(c.server), kNotPaced);
+  // The send that crosses 3000 bytes is the last unpaced one.
+  EXPECT_EQ(Send(c.server, 1500), 1500);
+  EXPECT_EQ(ConnOf(c.server).bytes_sent.load(), 3500u);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
+  EXPECT_EQ(Pacing(c.server), kNotPaced);
+  EXPECT_EQ(ConnOf(c.server).share_bytes_per_sec.load(), 0u);
+  // The next one joins and applies the share before its data is queued.
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  EXPECT_EQ(Active(c.server), 1u);
+  EXPECT_EQ(Pacing(c.server), kRate);
+  EXPECT_EQ(ConnOf(c.server).share_bytes_per_sec.load(), kRate);
+}
+
+TEST_F(GovernorTest, AfterReachedExactlyJoinsOnTheNextSend) {
+  GovernorOptions options = RuleOptions({});
+  options.after_bytes = 1000;
+  StartGovernor(options);
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  EXPECT_EQ(Send(c.server, 999), 999);
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(Active(c.server), 0u) << "999 of 1000 bytes";
+  gov_->AfterSend(c.server, 1);
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(Active(c.server), 1u);
+  EXPECT_EQ(Pacing(c.server), kRate);
+}
+
+TEST_F(GovernorTest, ConnectionWithinAfterTakesNoShareOfItsKey) {
+  GovernorOptions options = RuleOptions({});
+  options.after_bytes = 2000;
+  StartGovernor(options);
+  const Conn early = Open("127.0.0.2");
+  const Conn late = Open("127.0.0.2");
+  ASSERT_GE(late.server, 0);
+  EXPECT_EQ(Send(early.server, 2000), 2000);
+  EXPECT_EQ(Send(late.server, 100), 100);
+  gov_->BeforeSend(early.server);
+  EXPECT_EQ(Active(early.server), 1u) << "late is still within AFTER";
+  EXPECT_EQ(Pacing(early.server), kRate);
+  EXPECT_EQ(Pacing(late.server), kNotPaced);
+  // late crosses AFTER: from its next send the two split the rate.
+  EXPECT_EQ(Send(late.server, 1900), 1900);
+  gov_->BeforeSend(late.server);
+  EXPECT_EQ(Active(late.server), 2u);
+  EXPECT_EQ(Pacing(late.server), kRate / 2);
+  EXPECT_TRUE(PacingBecomes(early.server, kRate / 2)) << Pacing(early.server);
+}
+
+TEST_F(GovernorTest, AfterIsPerConnectionSoAnIdleConnectionRejoinsAtOnce) {
+  GovernorOptions options = RuleOptions({});
+  options.after_bytes = 1000;
+  StartGovernor(options);
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  EXPECT_EQ(Send(c.server, 1000), 1000);
+  gov_->BeforeSend(c.server);
+  ASSERT_EQ(Active(c.server), 1u);
+  ASSERT_TRUE(PollUntil([&] { return Outq(c.server) == 0; }));
+  gov_->ExpireIdle(gov_->LastSendNs(c.server) + kLongIdleNs);
+  ASSERT_EQ(Active(c.server), 0u);
+  // Unlike nginx's limit_rate_after (per request), the count is not reset:
+  // the next response on this connection is paced from its first byte.
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(Active(c.server), 1u);
 }
 
 }  // namespace

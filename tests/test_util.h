@@ -296,6 +296,11 @@ class GovernorFixture : public ZoneNameFixture {
     GovernorOptions options;
     options.idle_ns = idle_ns;
     options.key.mode = mode;
+    StartGovernor(options);
+  }
+  // With every option given: accept rules (TRAFFICRATE_PORTS,
+  // TRAFFICRATE_EXEMPT), after_bytes (TRAFFICRATE_AFTER) and the rest.
+  void StartGovernor(const GovernorOptions& options) {
     gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
                                       options);
   }

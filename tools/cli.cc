@@ -39,15 +39,11 @@ struct ConfigOption {
   const char* variable;
 };
 constexpr ConfigOption kConfigOptions[] = {
-    {"--rate", kEnvRate},
-    {"--key", kEnvKey},
-    {"--zone", kEnvZone},
-    {"--zone-size", kEnvZoneSize},
-    {"--idle", kEnvIdle},
-    {"--log", kEnvLog},
-    {"--ports", "TRAFFICRATE_PORTS"},
-    {"--exempt", "TRAFFICRATE_EXEMPT"},
-    {"--after", "TRAFFICRATE_AFTER"},
+    {"--rate", kEnvRate},   {"--key", kEnvKey},
+    {"--zone", kEnvZone},   {"--zone-size", kEnvZoneSize},
+    {"--idle", kEnvIdle},   {"--log", kEnvLog},
+    {"--ports", kEnvPorts}, {"--exempt", kEnvExempt},
+    {"--after", kEnvAfter},
 };
 
 }  // namespace

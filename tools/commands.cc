@@ -308,12 +308,6 @@ std::string ZoneInWords(const Config& config) {
                          HumanRate(h.rate_bytes_per_sec.load()));
 }
 
-std::string Raw(const std::map<std::string, std::string>& env, const char* name,
-                const char* unset) {
-  const auto it = env.find(name);
-  return it == env.end() ? unset : it->second;
-}
-
 }  // namespace
 
 int CheckCommand(const std::vector<std::string>& raw) {
@@ -343,13 +337,24 @@ int CheckCommand(const std::vector<std::string>& raw) {
   absl::StrAppendFormat(&out, "  zone    %s\n", ZoneInWords(*config));
   absl::StrAppendFormat(
       &out, "  ports   %s\n",
-      Raw(env, "TRAFFICRATE_PORTS", "all local ports are governed"));
+      config->ports.empty()
+          ? "connections accepted on every local port are governed"
+          : absl::StrCat("only connections accepted on local port(s) ",
+                         FormatPorts(config->ports), " are governed"));
+  std::vector<std::string> exempt;
+  for (const Cidr& c : config->exempt) exempt.push_back(FormatCidr(c));
   absl::StrAppendFormat(
       &out, "  exempt  %s\n",
-      Raw(env, "TRAFFICRATE_EXEMPT", "none: every client is governed"));
+      exempt.empty()
+          ? "none: every client is governed"
+          : absl::StrCat(absl::StrJoin(exempt, ", "), " never governed"));
   absl::StrAppendFormat(
       &out, "  after   %s\n",
-      Raw(env, "TRAFFICRATE_AFTER", "0: paced from the first byte"));
+      config->after_bytes == 0
+          ? "0: paced from the first byte"
+          : absl::StrFormat("each connection's first %s (%u bytes) unpaced",
+                            HumanBytes(config->after_bytes),
+                            config->after_bytes));
   absl::StrAppendFormat(&out,
                         "  idle    a connection that sends nothing for %s "
                         "stops taking a share\n",

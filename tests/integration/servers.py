@@ -198,8 +198,12 @@ class NginxServer(Server):
     def __init__(self, workdir, webroot, port=None, env=None, workers=2,
                  sendfile=True, limit_rate=None, keepalive_timeout="65s",
                  reuseport=False, env_directives=(), user="nobody nogroup",
-                 extra_http="", extra_server="", detached=False):
+                 extra_http="", extra_server="", detached=False,
+                 extra_ports=()):
+        """extra_ports: more ports the same server block listens on (besides
+        `port`, which readiness checks and self.port use)."""
         super().__init__(workdir, port, env)
+        self.extra_ports = [int(p) for p in extra_ports]
         self.webroot = Path(webroot)
         self.detached = detached
         self.workers = workers
@@ -212,9 +216,10 @@ class NginxServer(Server):
                         env_directives=env_directives, user=user,
                         extra_http=extra_http, extra_server=extra_server)
         self.settings = settings
-        self.title = "nginx (%d workers, sendfile %s%s)" % (
+        self.title = "nginx (%d workers, sendfile %s%s%s)" % (
             workers, "on" if sendfile else "off",
-            ", limit_rate %s" % limit_rate if limit_rate else "")
+            ", limit_rate %s" % limit_rate if limit_rate else "",
+            "".join(", also port %d" % p for p in self.extra_ports))
         self.argv = [NGINX, "-p", str(self.prefix) + "/", "-c", str(self.conf_path),
                      "-e", str(self.error_log)]
 
@@ -241,8 +246,11 @@ class NginxServer(Server):
         lines += [
             s["extra_http"],
             "  server {",
-            "    listen %s:%d%s;" % (SERVER_HOST, self.port,
-                                     " reuseport" if s["reuseport"] else ""),
+        ]
+        lines += ["    listen %s:%d%s;" % (SERVER_HOST, port,
+                                          " reuseport" if s["reuseport"] else "")
+                  for port in [self.port] + self.extra_ports]
+        lines += [
             "    root %s;" % self.webroot,
             "    location / {",
             ("      limit_rate %s;" % s["limit_rate"]) if s["limit_rate"] else "",
