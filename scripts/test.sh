@@ -32,11 +32,11 @@ if ((!quick)); then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2
 
-  echo "== zone and fd table tests under ThreadSanitizer"
+  echo "== zone, fd table, governor and snapshot tests under ThreadSanitizer"
   trafficrate_build build-tsan -DTRAFFICRATE_SANITIZE=thread
   TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -j2 \
-    -R '^(ZoneTest|ZoneLayoutTest|FdTableTest|GovernorTest)\.'
+    -R '^(ZoneTest|ZoneLayoutTest|FdTableTest|GovernorTest|SnapshotTest)\.'
 fi
 
 echo "== integration tests (private network namespace, lo mtu 1500)"

@@ -79,6 +79,13 @@ KeySpec UnpackKeySpec(uint32_t packed) {
   return spec;
 }
 
+// Bytes that `trafficrate stat` reads without the lock are stored one
+// relaxed atomic at a time, so that the racing read is defined behaviour.
+void StoreBytes(uint8_t* to, const uint8_t* from, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    __atomic_store_n(&to[i], from[i], __ATOMIC_RELAXED);
+}
+
 }  // namespace
 
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
@@ -363,7 +370,7 @@ uint32_t Zone::FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns) {
   }
   KeySlotShm& k = keys_[i];
   header_->key_free_head = k.next;
-  std::memcpy(k.key, key_bytes, kKeyBytes);
+  StoreBytes(k.key, key_bytes, kKeyBytes);
   k.refs.store(0, std::memory_order_relaxed);
   k.active.store(0, std::memory_order_relaxed);
   k.bytes_closed.store(0, std::memory_order_relaxed);
@@ -395,8 +402,8 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
   c.active.store(0, std::memory_order_relaxed);
   c.share_bytes_per_sec.store(0, std::memory_order_relaxed);
   c.bytes_sent.store(0, std::memory_order_relaxed);
-  std::memcpy(c.peer, peer, sizeof(c.peer));
-  c.peer_port = peer_port;
+  StoreBytes(c.peer, peer, sizeof(c.peer));
+  __atomic_store_n(&c.peer_port, peer_port, __ATOMIC_RELAXED);
   // Odd: in use. The release store publishes the fields above.
   c.seq.store(c.seq.load(std::memory_order_relaxed) | 1u,
               std::memory_order_release);
@@ -436,7 +443,8 @@ void Zone::FreeKeyLocked(uint32_t key_index) {
   k.refs.store(0, std::memory_order_relaxed);
   k.active.store(0, std::memory_order_relaxed);
   k.generation.fetch_add(1, std::memory_order_release);
-  std::memset(k.key, 0, sizeof(k.key));
+  static constexpr uint8_t kZeros[kKeyBytes] = {};
+  StoreBytes(k.key, kZeros, kKeyBytes);
   k.next = header_->key_free_head;
   header_->key_free_head = key_index;
   if (header_->keys_used > 0) --header_->keys_used;
