@@ -269,22 +269,33 @@ void Governor::AfterSend(int fd, ssize_t sent) {
                             std::memory_order_relaxed);
 }
 
+bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
+  if (options_.after_bytes == 0) return true;
+  const uint64_t queued = conn.bytes_sent.load(std::memory_order_relaxed);
+  if (queued < options_.after_bytes) return false;
+  // Queued is not sent: a share set now would pace what still waits in the
+  // socket, first bytes included. Count only what has left it.
+  int unsent = 0;
+  if (ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return true;
+  return queued - static_cast<uint64_t>(unsent) >= options_.after_bytes;
+}
+
 void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
   const uint32_t index = StateConn(state);
   const ConnSlotShm& conn = zone_->conn(index);
   uint32_t me = proc_.load(std::memory_order_acquire);
-  // TRAFFICRATE_AFTER: until AfterSend has counted after_bytes, the
-  // connection takes no share and is not paced. The send that crosses it is
-  // the last unpaced one: the next one joins.
-  const bool join =
-      conn.bytes_sent.load(std::memory_order_relaxed) >= options_.after_bytes;
-  if (conn.proc_index.load(std::memory_order_relaxed) != me) {
-    // Inherited across fork from the process that registered it. If that
-    // process counts it as sending, it is counted once already.
-    if (conn.active.load(std::memory_order_relaxed)) {
-      ApplyIfChanged(fd, entry, state, conn);
-      return;
-    }
+  const bool ours = conn.proc_index.load(std::memory_order_relaxed) == me;
+  if (!ours && conn.active.load(std::memory_order_relaxed)) {
+    // Inherited across fork from the process that registered it, which
+    // counts it as sending: it is counted once already.
+    ApplyIfChanged(fd, entry, state, conn);
+    return;
+  }
+  // TRAFFICRATE_AFTER: the connection takes no share and is not paced until
+  // its first after_bytes have left the socket; the watcher's tick joins it
+  // if no send comes by then.
+  const bool join = PastAfter(fd, conn);
+  if (!ours) {
     me = EnsureProc();
     if (me == kNoSlot) return;
   } else if (!join) {
@@ -567,6 +578,15 @@ void Governor::ExpireIdle(int64_t now_ns) {
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
     std::atomic<int64_t>& last_send = local_[StateConn(state)].last_send_ns;
     const int64_t last = last_send.load(std::memory_order_relaxed);
+    if (options_.after_bytes > 0 && ConnValid(conn, state) &&
+        !conn.active.load(std::memory_order_relaxed) &&
+        conn.proc_index.load(std::memory_order_relaxed) == me &&
+        conn.bytes_sent.load(std::memory_order_relaxed) >=
+            options_.after_bytes) {
+      // Queued past TRAFFICRATE_AFTER with no send since: join once sent.
+      JoinSlow(fd, entry, state);
+      continue;
+    }
     if (now_ns - last < options_.idle_ns || !ConnValid(conn, state) ||
         !conn.active.load(std::memory_order_relaxed) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {

@@ -96,6 +96,8 @@ class Governor {
   // One pass of each watcher duty; public for tests. They skip fds pinned by
   // another thread.
   void ApplyChangedShares();
+  // Also joins connections whose TRAFFICRATE_AFTER bytes have left the
+  // socket since their last send.
   void ExpireIdle(int64_t now_ns);
   void ReapDead();
 
@@ -116,6 +118,9 @@ class Governor {
   void Register(int fd, FdEntry& entry, const ConnKey& key,
                 const uint8_t peer16[16], uint16_t peer_port);
   void JoinSlow(int fd, FdEntry& entry, uint64_t state);
+  // TRAFFICRATE_AFTER: whether the connection's first after_bytes have left
+  // the socket (sent, not merely queued). One ioctl once they are queued.
+  bool PastAfter(int fd, const ConnSlotShm& conn) const;
   void Reregister(int fd, FdEntry& entry, uint64_t state);
   void ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
                       const ConnSlotShm& conn);

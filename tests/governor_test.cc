@@ -538,6 +538,52 @@ TEST_F(GovernorTest, AfterLeavesAConnectionUnpacedUntilItHasSentThatMuch) {
   EXPECT_EQ(ConnOf(c.server).share_bytes_per_sec.load(), kRate);
 }
 
+// Queued is not sent: a share applied while the first AFTER bytes still wait
+// in the socket would pace them too (the kernel paces queued data), so the
+// connection joins only once they have left it, by its next send or, with no
+// send, by the watcher's tick.
+TEST_F(GovernorTest, AfterCountsOnlyBytesThatLeftTheSocket) {
+  GovernorOptions options = RuleOptions({});
+  options.after_bytes = 32 * 1024;
+  options.idle_ns = kLongIdleNs;
+  StartGovernor(options);
+  const Conn c = Open("127.0.0.1", /*client_rcvbuf=*/4096);
+  ASSERT_GE(c.server, 0);
+  const int sndbuf = 256 * 1024;
+  ASSERT_EQ(
+      setsockopt(c.server, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
+  // The client does not read: most of what is queued cannot be sent.
+  uint64_t queued = 0;
+  for (int i = 0; i < 1000 && queued < 4 * options.after_bytes; ++i) {
+    const ssize_t n = Send(c.server, 4096);
+    if (n <= 0) break;
+    queued += static_cast<uint64_t>(n);
+  }
+  ASSERT_GE(queued, 2 * options.after_bytes);
+  int unsent = 0;
+  ASSERT_EQ(ioctl(c.server, SIOCOUTQNSD, &unsent), 0);
+  ASSERT_GT(queued - static_cast<uint64_t>(unsent), 0u);
+  ASSERT_LT(queued - static_cast<uint64_t>(unsent), options.after_bytes)
+      << "the client's window should hold back most of it";
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(Active(c.server), 0u) << "joined with its first bytes unsent";
+  EXPECT_EQ(Pacing(c.server), kNotPaced);
+  gov_->ExpireIdle(MonotonicNowNs());
+  EXPECT_EQ(Active(c.server), 0u);
+  // The client reads: the first bytes leave; the watcher's tick joins.
+  const bool drained = PollUntil([&] {
+    char buf[65536];
+    while (recv(c.client, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+    }
+    return ioctl(c.server, SIOCOUTQNSD, &unsent) == 0 && unsent == 0;
+  });
+  ASSERT_TRUE(drained);
+  gov_->ExpireIdle(MonotonicNowNs());
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  EXPECT_EQ(Active(c.server), 1u);
+  EXPECT_EQ(Pacing(c.server), kRate);
+}
+
 TEST_F(GovernorTest, AfterReachedExactlyJoinsOnTheNextSend) {
   GovernorOptions options = RuleOptions({});
   options.after_bytes = 1000;
