@@ -72,7 +72,13 @@ def test_stat_shows_the_client_in_every_format(servers, zone, cli):
     assert key[0]["share"] == TARGET // 4 and key[0]["served"] == 4, report
     assert key[0]["idle_seconds"] == 0 and key[0]["bytes"] > 0, report
     assert doc["rate"] == TARGET and doc["key"] == "peer", report
-    assert doc["used"]["active"] == 4 and doc["used"]["processes"] == 2, report
+    # Which worker accepts each download is the kernel's choice (reuseport);
+    # a worker registers with the zone at its first accept (maybe the
+    # readiness probe's) and stays registered.
+    owners = {c["pid"] for c in doc["connections"]}
+    processes = doc["used"]["processes"]
+    assert doc["used"]["active"] == 4, report
+    assert 1 <= len(owners) <= processes <= 2, report
     # The table is for people: the client and human units.
     assert rc_table == 0 and CLIENT in table, report
     assert "500 KiB/s per client" in table and "125 KiB/s" in table, report
@@ -86,7 +92,7 @@ def test_stat_shows_the_client_in_every_format(servers, zone, cli):
     assert samples[("trafficrate_key_active_connections", CLIENT)] == 4, report
     assert samples[("trafficrate_key_share_bytes_per_second", CLIENT)] == \
         TARGET // 4, report
-    assert samples[("trafficrate_processes", None)] == 2, report
+    assert samples[("trafficrate_processes", None)] == processes, report
     assert rc_top == 0 and '"key": "127.0.0.2"' in top1, top1
 
 
