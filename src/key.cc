@@ -34,20 +34,6 @@ absl::Status KeyError(absl::string_view problem) {
       absl::StrCat("TRAFFICRATE_KEY: ", problem, "; ", kKeyForms));
 }
 
-// Parses a prefix length: 1 to 3 ASCII digits, at most `max_bits`. Written by
-// hand because absl::SimpleAtoi would also accept "+24" and " 24".
-bool ParsePrefixLength(absl::string_view text, int max_bits, int* bits) {
-  if (text.empty() || text.size() > 3) return false;
-  int value = 0;
-  for (const char c : text) {
-    if (!absl::ascii_isdigit(static_cast<uint8_t>(c))) return false;
-    value = value * 10 + (c - '0');
-  }
-  if (value > max_bits) return false;
-  *bits = value;
-  return true;
-}
-
 // Parses the "N" or "N,M" after "peer/".
 bool ParsePeerPrefixes(absl::string_view text, KeySpec* spec) {
   const size_t comma = text.find(',');
@@ -110,6 +96,18 @@ bool CopyAddress(const sockaddr* addr, socklen_t len, int v4_bits, int v6_bits,
 }
 
 }  // namespace
+
+bool ParsePrefixLength(absl::string_view text, int max_bits, int* bits) {
+  if (text.empty() || text.size() > 3) return false;
+  int value = 0;
+  for (const char c : text) {
+    if (!absl::ascii_isdigit(static_cast<uint8_t>(c))) return false;
+    value = value * 10 + (c - '0');
+  }
+  if (value > max_bits) return false;
+  *bits = value;
+  return true;
+}
 
 absl::StatusOr<KeySpec> ParseKeySpec(absl::string_view value) {
   if (value.empty()) return KeyError("empty");

@@ -45,6 +45,11 @@ struct KeySpec {
 // lower case, no spaces; N is the IPv4 prefix length (0..32) and M the IPv6
 // one (0..128). Errors are InvalidArgument, one line, naming TRAFFICRATE_KEY
 // and listing the accepted forms. Thread-safe.
+// Parses a prefix length: 1 to 3 ASCII digits, at most max_bits (written by
+// hand because absl::SimpleAtoi would also accept "+24" and " 24"). Used for
+// TRAFFICRATE_KEY and TRAFFICRATE_EXEMPT.
+bool ParsePrefixLength(absl::string_view text, int max_bits, int* bits);
+
 ABSL_MUST_USE_RESULT absl::StatusOr<KeySpec> ParseKeySpec(
     absl::string_view value);
 

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "src/key.h"
 #include "src/units.h"
 
 namespace trafficrate {
@@ -128,19 +129,6 @@ void ClearAfter(uint8_t addr[16], int bits) {
   }
 }
 
-// A prefix length: 1 to 3 ASCII digits, at most max_bits.
-bool ParsePrefix(absl::string_view text, int max_bits, int* bits) {
-  if (text.empty() || text.size() > 3) return false;
-  int value = 0;
-  for (const char c : text) {
-    if (!absl::ascii_isdigit(static_cast<uint8_t>(c))) return false;
-    value = value * 10 + (c - '0');
-  }
-  if (value > max_bits) return false;
-  *bits = value;
-  return true;
-}
-
 // Fills cidr->family and cidr->addr from an address literal.
 bool ParseAddress(absl::string_view text, Cidr* cidr) {
   char buf[INET6_ADDRSTRLEN + 1] = {};
@@ -170,7 +158,7 @@ std::string ParseCidrItem(absl::string_view item, Cidr* cidr) {
   const int full = cidr->family == AF_INET ? kV4Bits : kV6Bits;
   cidr->prefix = full;
   if (slash != absl::string_view::npos &&
-      !ParsePrefix(item.substr(slash + 1), full, &cidr->prefix)) {
+      !ParsePrefixLength(item.substr(slash + 1), full, &cidr->prefix)) {
     return absl::StrCat(
         QuoteForMessage(item), " has a bad prefix length (",
         cidr->family == AF_INET ? "0..32 for IPv4" : "0..128 for IPv6", ")");
