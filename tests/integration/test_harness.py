@@ -35,12 +35,15 @@ def between_bursts(download, after):
 def test_measures_nginx_limit_rate_within_3_percent(servers, sendfile):
     server = servers.nginx(workers=2, sendfile=sendfile, limit_rate=LIMIT)
     sources = ["127.0.0.2", "127.0.0.3"]
-    dset = harness.DownloadSet(server.port, sources, duration=8.0).start()
+    # Long enough that a window starting at the second gap (up to ~2.5 s in)
+    # still ends before the download does.
+    dset = harness.DownloadSet(server.port, sources, duration=10.0).start()
     dset.join()
     report = []
     for d in dset.downloads:
         assert not d.error, d.error
         t0 = between_bursts(d, d.connected_at + 1.0)
+        assert t0 + 6.0 < d.times[-1], "window past the download's end"
         rate = d.rate(t0, t0 + 6.0)
         report.append("%s %.0f B/s over %.1f..%.1f s" % (
             d.label, rate, t0 - d.start_at, t0 + 6.0 - d.start_at))
