@@ -120,9 +120,8 @@ TRAFFICRATE_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len,
 
 TRAFFICRATE_EXPORT int close(int fd) {
   if (trafficrate::Governor* gov = trafficrate::ActiveGovernor()) {
-    trafficrate::AsLibrary(gov, [fd](trafficrate::Governor& g) {
-      g.ReleaseDetached(g.Detach(fd));
-    });
+    trafficrate::AsLibrary(gov,
+                           [fd](trafficrate::Governor& g) { g.OnClose(fd); });
   }
   return g_real.close ? g_real.close(fd) : syscall(SYS_close, fd);
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "src/config.h"
@@ -143,6 +144,46 @@ int UsageError(const std::string& command, const std::string& text) {
 int Failure(const std::string& text) {
   std::fprintf(stderr, "trafficrate: %s\n", text.c_str());
   return kExitFailed;
+}
+
+bool Parse(const char* command, const std::vector<std::string>& args,
+           absl::Span<const OptionSpec> specs, bool allow_command,
+           const std::string& help, ParsedArgs* out, int* exit_code) {
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, specs, allow_command);
+  if (!parsed.ok()) {
+    *exit_code = UsageError(command, std::string(parsed.status().message()));
+    return false;
+  }
+  if (parsed->help) {
+    std::fputs(help.c_str(), stdout);
+    *exit_code = kExitOk;
+    return false;
+  }
+  *out = std::move(*parsed);
+  return true;
+}
+
+bool ZoneName(const char* command, const ParsedArgs& args, std::string* zone,
+              int* exit_code) {
+  const char* env = getenv(kEnvZone);
+  const std::string value =
+      args.Get("--zone", env != nullptr && *env != '\0' ? env : "default");
+  absl::StatusOr<std::string> parsed = ParseZoneName(value);
+  if (!parsed.ok()) {
+    *exit_code = UsageError(
+        command, absl::StrCat("--zone: ", parsed.status().message()));
+    return false;
+  }
+  *zone = *parsed;
+  return true;
+}
+
+bool NoPositionals(const char* command, const ParsedArgs& args,
+                   int* exit_code) {
+  if (args.positional.empty()) return true;
+  *exit_code = UsageError(command, absl::StrCat("unexpected argument \"",
+                                                args.positional[0], "\""));
+  return false;
 }
 
 int CliMain(int argc, char** argv) {

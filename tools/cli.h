@@ -75,6 +75,18 @@ int SetCommand(const std::vector<std::string>& args);
 int GcCommand(const std::vector<std::string>& args);
 int RmCommand(const std::vector<std::string>& args);
 
+// Parses a subcommand's arguments. Returns true to go on; false when it
+// printed `help` (asked for, *exit_code 0) or a usage error (*exit_code 2).
+bool Parse(const char* command, const std::vector<std::string>& args,
+           absl::Span<const OptionSpec> specs, bool allow_command,
+           const std::string& help, ParsedArgs* out, int* exit_code);
+// The zone to read: --zone, else $TRAFFICRATE_ZONE, else "default",
+// validated; false with a usage error (*exit_code 2) if invalid.
+bool ZoneName(const char* command, const ParsedArgs& args, std::string* zone,
+              int* exit_code);
+// False with a usage error (*exit_code 2) if there are positional arguments.
+bool NoPositionals(const char* command, const ParsedArgs& args, int* exit_code);
+
 // Prints "trafficrate: <command>: <text>" and the help hint; returns 2.
 int UsageError(const std::string& command, const std::string& text);
 // Prints "trafficrate: <text>"; returns 1.

@@ -123,48 +123,6 @@ servers started afterwards create a new, separate zone.
   --force         remove it even though processes use it
 )";
 
-// Prints help and returns 0 when asked; parses, or prints a usage error.
-bool Parse(const char* command, const std::vector<std::string>& args,
-           absl::Span<const OptionSpec> specs, bool allow_command,
-           const std::string& help, ParsedArgs* out, int* exit_code) {
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, specs, allow_command);
-  if (!parsed.ok()) {
-    *exit_code = UsageError(command, std::string(parsed.status().message()));
-    return false;
-  }
-  if (parsed->help) {
-    std::fputs(help.c_str(), stdout);
-    *exit_code = kExitOk;
-    return false;
-  }
-  *out = std::move(*parsed);
-  return true;
-}
-
-// --zone, else $TRAFFICRATE_ZONE, else "default"; validated.
-bool ZoneName(const char* command, const ParsedArgs& args, std::string* zone,
-              int* exit_code) {
-  const char* env = getenv(kEnvZone);
-  const std::string value =
-      args.Get("--zone", env != nullptr && *env != '\0' ? env : "default");
-  absl::StatusOr<std::string> parsed = ParseZoneName(value);
-  if (!parsed.ok()) {
-    *exit_code = UsageError(
-        command, absl::StrCat("--zone: ", parsed.status().message()));
-    return false;
-  }
-  *zone = *parsed;
-  return true;
-}
-
-bool NoPositionals(const char* command, const ParsedArgs& args,
-                   int* exit_code) {
-  if (args.positional.empty()) return true;
-  *exit_code = UsageError(command, absl::StrCat("unexpected argument \"",
-                                                args.positional[0], "\""));
-  return false;
-}
-
 // Names the zone and attaches to it (never creates one).
 bool OpenZone(const char* command, const ParsedArgs& args,
               std::unique_ptr<Zone>* zone, int* exit_code) {

@@ -21,7 +21,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/clock.h"
-#include "src/config.h"
 #include "src/snapshot.h"
 #include "src/zone.h"
 #include "tools/cli.h"
@@ -170,35 +169,25 @@ std::string FormatTopFrame(const ZoneSnapshot& now, const ZoneSnapshot* before,
 int TopCommand(const std::vector<std::string>& raw) {
   static constexpr OptionSpec kSpecs[] = {{"--zone", true},
                                           {"--interval", true}};
-  absl::StatusOr<ParsedArgs> args = ParseArgs(raw, kSpecs, false);
-  if (!args.ok())
-    return UsageError("top", std::string(args.status().message()));
-  if (args->help) {
-    std::fputs(kTopHelp, stdout);
-    return kExitOk;
-  }
-  if (!args->positional.empty()) {
-    return UsageError("top", absl::StrCat("unexpected argument \"",
-                                          args->positional[0], "\""));
+  ParsedArgs args;
+  std::string name;
+  int rc = kExitOk;
+  if (!Parse("top", raw, kSpecs, false, kTopHelp, &args, &rc) ||
+      !NoPositionals("top", args, &rc) || !ZoneName("top", args, &name, &rc)) {
+    return rc;
   }
   double interval = 1;
-  if (args->Has("--interval") &&
-      (!absl::SimpleAtod(args->Get("--interval", ""), &interval) ||
+  if (args.Has("--interval") &&
+      (!absl::SimpleAtod(args.Get("--interval", ""), &interval) ||
        !(interval >= 0.2 && interval <= 60))) {
     return UsageError("top", "--interval: give seconds from 0.2 to 60");
-  }
-  const char* env = getenv(kEnvZone);
-  absl::StatusOr<std::string> name = ParseZoneName(
-      args->Get("--zone", env != nullptr && *env != '\0' ? env : "default"));
-  if (!name.ok()) {
-    return UsageError("top", absl::StrCat("--zone: ", name.status().message()));
   }
   if (!isatty(STDOUT_FILENO) || !isatty(STDIN_FILENO)) {
     return UsageError("top",
                       "needs a terminal; use `trafficrate stat` in "
                       "scripts");
   }
-  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::Attach(*name);
+  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::Attach(name);
   if (!zone.ok()) return Failure(std::string(zone.status().message()));
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

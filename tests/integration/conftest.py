@@ -39,6 +39,19 @@ def test_namespace():
                     % "; ".join(problems), pytrace=False)
 
 
+@pytest.fixture(scope="module")
+def small_gso_packets(test_namespace):
+    """net.ipv4.tcp_tso_rtt_log = 0 in the test namespace while a module runs,
+    restored afterwards: Linux 5.18+ builds 64 KiB packets on sub-512 us RTT
+    paths (all of loopback) whatever the pacing rate, which makes one-second
+    buckets lumpy (see test_dynamics.py's docstring). Modules that check
+    buckets use it with pytestmark = pytest.mark.usefixtures(...)."""
+    assert not harness.namespace_problems()  # never touch the host's netns
+    old = harness.sysctl("net.ipv4.tcp_tso_rtt_log", 0)
+    yield
+    harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
+
+
 @pytest.fixture(scope="session")
 def session_dir():
     path = harness.make_workdir()

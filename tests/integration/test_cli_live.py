@@ -23,13 +23,7 @@ TARGET = 512000
 CLIENT = "127.0.0.2"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def small_gso_packets(test_namespace):
-    assert not harness.namespace_problems()  # never touch the host's netns
-    old = harness.sysctl("net.ipv4.tcp_tso_rtt_log", 0)
-    yield
-    harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
-
+pytestmark = pytest.mark.usefixtures("small_gso_packets")
 
 def nginx_under_run(servers, zone, *options):
     """nginx (2 workers) started as `trafficrate run --rate 500k --zone Z

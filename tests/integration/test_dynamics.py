@@ -13,7 +13,7 @@ Rates are measured by the clients (harness.Download). Run with -s to see the
 bucket tables, ratios and counts; they are in the assertion messages too.
 
 One-second buckets need one more namespace setting than MTU 1500 (see
-small_gso_packets below): net.ipv4.tcp_tso_rtt_log = 0 for this module. Since
+the small_gso_packets fixture, conftest.py): net.ipv4.tcp_tso_rtt_log = 0 for this module. Since
 Linux 5.18 a connection whose minimum RTT is below 512 us (any loopback
 connection) builds GSO packets of up to 64 KiB whatever its pacing rate, and
 pacing releases each as one unit and then waits len/rate. At 64000 B/s that is
@@ -39,18 +39,11 @@ RATE = "500k"
 TARGET = 512000  # B/s per client IP
 CLIENT = "127.0.0.2"
 
+# See the module docstring (conftest.py has the fixture).
+pytestmark = pytest.mark.usefixtures("small_gso_packets")
+
 
 # -------------------------------------------------------------------- helpers
-
-@pytest.fixture(scope="module", autouse=True)
-def small_gso_packets(test_namespace):
-    """net.ipv4.tcp_tso_rtt_log = 0 in the test namespace while this module
-    runs (see the module docstring); restored afterwards."""
-    assert not harness.namespace_problems()  # never touch the host's netns
-    old = harness.sysctl("net.ipv4.tcp_tso_rtt_log", 0)
-    yield
-    harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
-
 
 def nginx2(servers, env, **kw):
     """nginx, 2 workers, one reuseport listening socket per worker."""
