@@ -1,0 +1,663 @@
+"""Shared code of the shared-budget benchmark (bench/budget.py).
+
+  * Bench: one benchmark run's working directory, web root and nginx servers
+    under a share mode ("none": no library, "equal", "budget"), started and
+    stopped by pid with their zones removed (server()); place() picks client
+    source ports that land on each nginx reuseport worker.
+  * Conn / Reader: a single-threaded epoll HTTP client. Every connection
+    records (monotonic time, cumulative bytes received) after each recv, so
+    rates over any window come from the client's own byte counts. One Reader
+    holds thousands of sockets, opens connections at scheduled times, closes
+    them at scheduled times, and can read a connection slowly (a token bucket
+    on the client side with a small SO_RCVBUF).
+  * Figures: total_rate(), windows() (1 s buckets), jain(), spread(),
+    median(); thread_cpu() / watcher_tids() for CPU time from /proc.
+  * Metric rows: row() builds one line of the final table (values of every
+    share mode, the target interval, PASS/FAIL of the budget column).
+
+Standard library only (Debian's /usr/bin/python3). It imports the
+integration harness from tests/integration (harness.NginxServer,
+ports_by_worker(), preload_env(), ...) without modifying it.
+"""
+
+import array
+import bisect
+import errno
+import heapq
+import os
+import select
+import shutil
+import socket
+import statistics
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
+
+import harness  # noqa: E402  (needs the sys.path entry above)
+
+SERVER_HOST = harness.SERVER_HOST  # 127.0.0.1
+BIG_FILE = harness.BIG_FILE        # /big.bin, sparse 1 GiB
+SMALL_FILE_4K = "/4k.bin"
+LIB_MODES = ("equal", "budget")    # the table's columns
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def log(text):
+    print(text, flush=True)
+
+
+# -------------------------------------------------------------------- servers
+
+class BenchNginx(harness.NginxServer):
+    """harness.NginxServer with room for many connections: worker_connections,
+    worker_rlimit_nofile and a listen backlog (servers.py hard-codes 1024
+    connections and nginx's default backlog of 511)."""
+
+    def __init__(self, *args, connections=1024, **kw):
+        super().__init__(*args, **kw)
+        self.connections = connections
+
+    def conf_text(self):
+        text = super().conf_text()
+        if self.connections <= 1024:
+            return text
+        old_events = "events { worker_connections 1024; }"
+        assert old_events in text, "servers.py's nginx.conf changed:\n" + text
+        text = text.replace(old_events, "worker_rlimit_nofile %d;\nevents { "
+                            "worker_connections %d; }" % (
+                                min(20000, 2 * self.connections + 100),
+                                self.connections + 100))
+        # A deep accept queue: thousands of connections arrive at once.
+        return text.replace(" reuseport;", " reuseport backlog=4096;")
+
+
+class Bench:
+    """One benchmark run: work directory, web root, library, quick flag."""
+
+    def __init__(self, quick=False):
+        self.quick = quick
+        self.workdir = harness.make_workdir("trafficrate-bench-")
+        self.webroot = harness.make_webroot(self.workdir)
+        small = self.webroot / SMALL_FILE_4K.lstrip("/")
+        small.write_bytes(b"x" * 4096)
+        small.chmod(0o644)
+        self.library = harness.library_path()
+        self.cli = harness.cli_path()
+        self.warnings = []
+
+    def close(self):
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def env_for(self, mode, rate, zone, **variables):
+        if mode == "none":
+            return {}
+        return harness.preload_env(zone, rate, library=self.library,
+                                   SHARE=mode, **variables)
+
+    @contextmanager
+    def server(self, mode, rate, workers=2, connections=1024, **variables):
+        """nginx (reuseport, sendfile on) under share `mode` at `rate`;
+        TRAFFICRATE_<NAME> variables as keywords (e.g. ZONE_SIZE="32m").
+        Yields the server; stops it (by pid) and removes its zone after."""
+        zone = harness.unique_zone("bench-%s" % mode)
+        harness.remove_zone(zone)
+        srv = BenchNginx(self.workdir, self.webroot, workers=workers,
+                         reuseport=True, connections=connections,
+                         env=self.env_for(mode, rate, zone, **variables))
+        srv.zone = zone if mode != "none" else None
+        srv.mode = mode
+        try:
+            srv.start(timeout=15.0)
+            for pid in srv.worker_pids():
+                if _maps_library(pid) != (mode != "none"):
+                    raise RuntimeError("nginx worker %d (mode %s): libtrafficrate.so"
+                                       " is%s mapped" % (pid, mode, "" if mode ==
+                                                         "none" else " not"))
+            for line in srv.trafficrate_lines():
+                self.warn("nginx (%s): %s" % (mode, line))
+            yield srv
+        finally:
+            srv.stop()
+            harness.remove_zone(zone)
+
+    def warn(self, text):
+        if text not in self.warnings:
+            self.warnings.append(text)
+            log("  WARNING " + text)
+
+    def place(self, srv, source, n):
+        """n source ports for `source`, alternating between the two workers
+        (first port on worker 0, second on worker 1, ...): nginx listens
+        with reuseport, so the kernel picks the worker by a hash of the
+        4-tuple (harness.ports_by_worker probes it)."""
+        workers = srv.worker_pids()
+        if n < 2 or len(workers) < 2:
+            return [0] * n
+        w0, w1 = workers[:2]
+        want = {w0: (n + 1) // 2, w1: n // 2}
+        found = harness.ports_by_worker(srv.port, source, want,
+                                        max_probes=max(200, 8 * n))
+        ports = []
+        for i in range(n):
+            ports.append(found[w0 if i % 2 == 0 else w1][i // 2])
+        # The probes registered with the zone (never sent); wait until the
+        # workers have seen their resets.
+        if srv.zone and self.cli.is_file():
+            harness.wait_for(lambda: harness.key_stat(srv.zone, source)
+                             ["connections"] == 0, 5.0, 0.05)
+        else:
+            time.sleep(0.2)
+        return ports
+
+    def stat(self, srv, key=None):
+        """The zone's stat entry for key (or the used counts), {} if none."""
+        if not srv.zone or not self.cli.is_file():
+            return {}
+        try:
+            st = harness.stat_json(srv.zone)
+        except (RuntimeError, ValueError, OSError) as e:
+            return {"error": str(e)}
+        if key is None:
+            return st.get("used", {})
+        for entry in st["keys"]:
+            if entry["key"] == key:
+                return entry
+        return {}
+
+
+def _maps_library(pid):
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            return "libtrafficrate.so" in f.read()
+    except OSError:
+        return False
+
+
+def worker_split(srv, conns):
+    """{worker pid: number of conns it serves} via ss, while conns are open."""
+    by_peer = {o["peer"]: o["pids"] for o in harness.socket_owners(srv.port)}
+    split = {}
+    for c in conns:
+        pids = by_peer.get((c.source, c.local_port))
+        if pids:
+            split[pids[0]] = split.get(pids[0], 0) + 1
+    return {str(k): v for k, v in sorted(split.items())}
+
+
+# ------------------------------------------------------------------- requests
+
+def http_request(port, path=BIG_FILE, byte_range=None, keepalive=False):
+    head = "GET %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: trafficrate-bench\r\n" % (
+        path, SERVER_HOST, port)
+    if byte_range:
+        head += "Range: bytes=%d-%d\r\n" % byte_range
+    head += "Connection: %s\r\n\r\n" % ("keep-alive" if keepalive else "close")
+    return head.encode()
+
+
+# --------------------------------------------------------------------- client
+
+class Conn:
+    """One client connection of a Reader and its byte record.
+
+    Bytes are everything received on the socket (response head + body): the
+    server's kernel paces both. bytes_at() / rate() have the same meaning as
+    harness.Download's, so harness.bucket_rates() works on Conns too.
+    """
+
+    __slots__ = ("source", "request", "start_at", "stop_at", "source_port",
+                 "rcvbuf", "read_rate", "label", "group", "sock", "fd", "state",
+                 "connected_at", "first_byte_at", "done_at", "local_port",
+                 "status", "error", "eof", "total", "times", "totals", "credit",
+                 "credit_at")
+
+    def __init__(self, source, request, start_at, stop_at=None, source_port=0,
+                 rcvbuf=None, read_rate=None, label=None, group=None):
+        self.source, self.request = source, request
+        self.start_at, self.stop_at = start_at, stop_at
+        self.source_port, self.rcvbuf, self.read_rate = source_port, rcvbuf, read_rate
+        self.label, self.group = label, group
+        self.sock = self.fd = None
+        self.state = "pending"  # -> connecting -> open -> done
+        self.connected_at = self.first_byte_at = self.done_at = None
+        self.local_port = self.status = self.error = None
+        self.eof = False
+        self.total = 0
+        self.times = array.array("d")
+        self.totals = array.array("q")
+        self.credit = 0.0
+        self.credit_at = None
+
+    def bytes_at(self, t):
+        i = bisect.bisect_right(self.times, t)
+        return self.totals[i - 1] if i else 0
+
+    def rate(self, t0, t1):
+        return (self.bytes_at(t1) - self.bytes_at(t0)) / (t1 - t0)
+
+
+class Reader:
+    """Single-threaded epoll client for many HTTP connections to one port.
+
+    add() schedules a Conn (opened at its start_at, closed at its stop_at or
+    when the server closes); run(until) serves every socket until a monotonic
+    time, bounded. At most max_opening connections may be between connect
+    and their first response byte at once (so thousands of connections do not
+    overflow the server's accept queue).
+    """
+
+    RECV_SIZE = 256 * 1024
+    SLOW_CHUNK = 1024  # a slow reader reads once it has this much credit
+
+    def __init__(self, port, host=SERVER_HOST, max_opening=256):
+        self.port, self.host = port, host
+        self.max_opening = max_opening
+        self.ep = select.epoll()
+        self.by_fd = {}
+        self.pending = []  # heap (start_at, seq, conn)
+        self.stops = []    # heap (stop_at, seq, conn)
+        self.slow = set()
+        self.conns = []
+        self.opening = 0
+        self.first_bytes = 0
+        self.finished = 0
+        self._seq = 0
+        self._buf = memoryview(bytearray(self.RECV_SIZE))
+
+    def add(self, conn):
+        self._seq += 1
+        heapq.heappush(self.pending, (conn.start_at, self._seq, conn))
+        if conn.stop_at is not None:
+            heapq.heappush(self.stops, (conn.stop_at, self._seq, conn))
+        self.conns.append(conn)
+        return conn
+
+    # ---- the loop
+
+    def run(self, until, stop_when=None):
+        """Serve sockets until monotonic time `until` (or stop_when() is
+        true, checked every 20 ms)."""
+        ep, by_fd = self.ep, self.by_fd
+        checked = 0.0
+        while True:
+            now = time.monotonic()
+            if now >= until:
+                return
+            if stop_when is not None and now - checked >= 0.02:
+                checked = now
+                if stop_when():
+                    return
+            self._start_due(now)
+            self._stop_due(now)
+            timeout = min(until - now, 0.05)
+            if self.slow:
+                timeout = min(timeout, 0.01)
+            if self.pending and self.opening < self.max_opening:
+                timeout = min(timeout, max(0.0, self.pending[0][0] - now))
+            if self.stops:
+                timeout = min(timeout, max(0.0, self.stops[0][0] - now))
+            for fd, _ in ep.poll(max(timeout, 0.0005)):
+                c = by_fd.get(fd)
+                if c is None:
+                    continue
+                if c.state == "connecting":
+                    self._connected(c)
+                else:
+                    self._recv(c, self.RECV_SIZE)
+            if self.slow:
+                self._read_slow(time.monotonic())
+
+    def close_all(self):
+        for c in list(self.by_fd.values()):
+            self._close(c)
+        self.pending.clear()
+        self.stops.clear()
+        self.ep.close()
+
+    # ---- internals
+
+    def _start_due(self, now):
+        while (self.pending and self.pending[0][0] <= now
+               and self.opening < self.max_opening):
+            c = heapq.heappop(self.pending)[2]
+            if c.stop_at is not None and c.stop_at <= now:
+                c.state = "done"
+                continue
+            self._open(c)
+
+    def _stop_due(self, now):
+        while self.stops and self.stops[0][0] <= now:
+            c = heapq.heappop(self.stops)[2]
+            if c.state in ("connecting", "open"):
+                self._close(c)
+
+    def _open(self, c):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            if c.rcvbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, c.rcvbuf)
+            if c.source_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if c.source or c.source_port:
+                sock.bind((c.source or "0.0.0.0", c.source_port))
+            rc = sock.connect_ex((self.host, self.port))
+            if rc not in (0, errno.EINPROGRESS):
+                raise OSError(rc, os.strerror(rc))
+        except OSError as e:
+            sock.close()
+            c.error = "connect: %s" % e
+            c.state = "done"
+            return
+        c.sock, c.fd, c.state = sock, sock.fileno(), "connecting"
+        self.by_fd[c.fd] = c
+        self.ep.register(c.fd, select.EPOLLOUT)
+        self.opening += 1
+
+    def _connected(self, c):
+        err = c.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self._fail(c, "connect: %s" % os.strerror(err))
+            return
+        c.connected_at = time.monotonic()
+        c.local_port = c.sock.getsockname()[1]
+        try:
+            sent = c.sock.send(c.request)
+        except OSError as e:
+            self._fail(c, "send: %s" % e)
+            return
+        if sent != len(c.request):
+            self._fail(c, "request only partly sent")
+            return
+        c.state = "open"
+        c.times.append(c.connected_at)
+        c.totals.append(0)
+        if c.read_rate:
+            self.ep.unregister(c.fd)  # read by _read_slow() on the clock
+            c.credit, c.credit_at = 0.0, c.connected_at
+            self.slow.add(c)
+        else:
+            self.ep.modify(c.fd, select.EPOLLIN)
+
+    def _recv(self, c, size):
+        try:
+            n = c.sock.recv_into(self._buf, size)
+        except BlockingIOError:
+            return 0
+        except OSError as e:
+            self._fail(c, "recv: %s" % e)
+            return 0
+        now = time.monotonic()
+        if n == 0:
+            c.eof = True
+            self._close(c)
+            return 0
+        if c.first_byte_at is None:
+            c.first_byte_at = now
+            self.first_bytes += 1
+            self.opening -= 1
+            if n >= 12:
+                try:
+                    c.status = int(bytes(self._buf[9:12]))
+                except ValueError:
+                    c.status = -1
+        c.total += n
+        c.times.append(now)
+        c.totals.append(c.total)
+        return n
+
+    def _read_slow(self, now):
+        for c in list(self.slow):
+            c.credit = min(c.credit + (now - c.credit_at) * c.read_rate,
+                           max(self.SLOW_CHUNK, 0.1 * c.read_rate))
+            c.credit_at = now
+            if c.credit >= self.SLOW_CHUNK:
+                c.credit -= self._recv(c, int(c.credit))
+
+    def _fail(self, c, text):
+        c.error = text
+        self._close(c)
+
+    def _close(self, c):
+        if c.state in ("connecting", "open"):
+            if c.first_byte_at is None:
+                self.opening -= 1
+            self.slow.discard(c)
+            self.by_fd.pop(c.fd, None)
+            try:
+                self.ep.unregister(c.fd)
+            except (OSError, ValueError):
+                pass  # slow readers are not registered
+            c.sock.close()
+            c.done_at = time.monotonic()
+            self.finished += 1
+        c.state = "done"
+        c.sock = None
+
+
+class Run:
+    """What drive() measured: conns (parallel to the specs), base (the
+    scheduled start), t0..t1 (the measurement window), split (connections
+    per worker pid, from ss at t1), stat (the zone's entry for the first
+    spec's source at t1), marks (what the hooks returned)."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+    def rate(self, conns=None):
+        return total_rate(self.conns if conns is None else conns, self.t0, self.t1)
+
+    def windows(self, conns=None):
+        return windows(self.conns if conns is None else conns, self.t0, self.t1)
+
+
+def drive(bench, srv, specs, duration, warm=None, max_opening=256,
+          connect_timeout=10.0, hook=None, split_at=None):
+    """Run client connections against srv and measure them.
+
+    specs: dicts with source (client address), and optionally start / stop
+    (seconds after the scheduled start; default 0 / the end), request (bytes;
+    default a GET of the big file), read_rate and rcvbuf (a slow reader),
+    place (default True: connections of one source alternate between the two
+    nginx workers, see Bench.place), label, group.
+    With warm: the window starts `warm` s after every connection with start 0
+    has connected and lasts `duration` s; without: base .. base + duration.
+    hook(when) with when "start" / "end" of the window returns a dict kept
+    in marks (e.g. CPU times). split_at: seconds after base at which to
+    record which worker serves which connection (ss, in a thread so the
+    reader keeps reading); default at the end of the window. Every wait is
+    bounded.
+    """
+    by_source = {}
+    for i, spec in enumerate(specs):
+        if spec.get("place", True):
+            by_source.setdefault(spec["source"], []).append(i)
+    ports = [0] * len(specs)
+    for source, idx in by_source.items():
+        for i, port in zip(idx, bench.place(srv, source, len(idx))):
+            ports[i] = port
+    reader = Reader(srv.port, max_opening=max_opening)
+    base = time.monotonic() + 0.05
+    conns = []
+    for i, spec in enumerate(specs):
+        stop = spec.get("stop")
+        conns.append(reader.add(Conn(
+            spec["source"], spec.get("request") or http_request(srv.port),
+            base + spec.get("start", 0.0),
+            None if stop is None else base + stop, source_port=ports[i],
+            rcvbuf=spec.get("rcvbuf"), read_rate=spec.get("read_rate"),
+            label=spec.get("label") or "%s#%d" % (spec["source"], i),
+            group=spec.get("group"))))
+    marks = {}
+    try:
+        if warm is None:
+            t0 = base
+        else:
+            initial = [c for c, s in zip(conns, specs) if not s.get("start")]
+            reader.run(base + connect_timeout, stop_when=lambda: all(
+                c.connected_at is not None or c.state == "done" for c in initial))
+            connected = [c.connected_at for c in initial if c.connected_at]
+            if len(connected) < len(initial):
+                bench.warn("%d of %d connections did not connect within %.0f s"
+                           % (len(initial) - len(connected), len(initial),
+                              connect_timeout))
+            t0 = (max(connected) if connected else time.monotonic()) + warm
+        t1 = t0 + duration
+        events = [(t0, 1, "start"), (t1 + 0.02, 2, "end")]
+        if split_at is not None:
+            events.append((base + split_at, 0, "split"))
+        split, stat, helper = {}, {}, None
+        for when, _, what in sorted(events):
+            reader.run(when)
+            if what == "split":
+                # ss and stat in a thread: the reader keeps timestamping.
+                open_now = [c for c in conns if c.state == "open"]
+
+                def look(open_now=open_now):
+                    split.update(worker_split(srv, open_now))
+                    stat.update(bench.stat(srv, specs[0]["source"]))
+                helper = threading.Thread(target=look, daemon=True)
+                helper.start()
+            else:
+                cpu = os.times()
+                marks["client_cpu_" + what] = cpu.user + cpu.system
+                if hook:
+                    marks[what] = hook(what)
+        if helper is None:
+            split = worker_split(srv, [c for c in conns if c.state == "open"])
+            stat = bench.stat(srv, specs[0]["source"])
+        else:
+            helper.join(10.0)
+    finally:
+        reader.close_all()
+    # How busy the reader itself was (near 100: it may have lagged).
+    client_cpu = 100.0 * (marks["client_cpu_end"] - marks["client_cpu_start"]) / (
+        t1 + 0.02 - t0)
+    return Run(conns=conns, specs=specs, base=base, t0=t0, t1=t1, split=split,
+               stat=stat, marks=marks, errors=errors(conns),
+               client_cpu_pct=round(client_cpu, 1))
+
+
+def errors(conns):
+    return ["%s: %s" % (c.label or c.source, c.error) for c in conns if c.error]
+
+
+def bad_status(conns, ok=(200, 206)):
+    return [c for c in conns if c.status is not None and c.status not in ok]
+
+
+# -------------------------------------------------------------------- figures
+
+def total_rate(conns, t0, t1):
+    return sum(c.rate(t0, t1) for c in conns)
+
+
+def windows(conns, t0, t1, step=1.0):
+    """Summed B/s of conns in consecutive windows [t0 + i, t0 + i + 1)."""
+    return [total for _, _, total, _ in harness.bucket_rates(conns, t0, t1, step)]
+
+
+def jain(values):
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 = all equal."""
+    values = list(values)
+    sq = sum(v * v for v in values)
+    return (sum(values) ** 2) / (len(values) * sq) if sq else 0.0
+
+
+def spread(values):
+    """max / min - 1 (0 = all equal; inf if one is 0)."""
+    values = list(values)
+    lo = min(values)
+    return max(values) / lo - 1.0 if lo > 0 else float("inf")
+
+
+def median(values):
+    return statistics.median(values) if values else None
+
+
+def percentile(values, p):
+    values = sorted(values)
+    if not values:
+        return None
+    k = (len(values) - 1) * p / 100.0
+    i = int(k)
+    j = min(i + 1, len(values) - 1)
+    return values[i] + (values[j] - values[i]) * (k - i)
+
+
+def thread_cpu(pid, tid=None):
+    """utime + stime of a process (or one of its threads) in seconds, from
+    /proc/<pid>[/task/<tid>]/stat; None if gone."""
+    path = "/proc/%d/stat" % pid if tid is None else "/proc/%d/task/%d/stat" % (pid, tid)
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14, 15 of stat
+
+
+def watcher_tids(pid, name="trafficrate"):
+    """Threads of pid named `name` (the library's watcher sets it)."""
+    tids = []
+    try:
+        for entry in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/comm" % (pid, entry)) as f:
+                    if f.read().strip() == name:
+                        tids.append(int(entry))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return tids
+
+
+def sleep_until(t):
+    time.sleep(max(0.0, t - time.monotonic()))
+
+
+# ---------------------------------------------------------------- table rows
+
+def row(scenario, metric, values, lo=None, hi=None, fmt="%.3f"):
+    """One table line: values {mode: figure or None}; [lo, hi] is the target
+    for the budget column (None: no bound on that side; both None: info)."""
+    return {"scenario": scenario, "metric": metric, "values": dict(values),
+            "lo": lo, "hi": hi, "fmt": fmt}
+
+
+def target_text(r):
+    lo, hi, fmt = r["lo"], r["hi"], r["fmt"]
+    if lo is None and hi is None:
+        return "-"
+    if lo is None:
+        return "<= " + fmt % hi
+    if hi is None:
+        return ">= " + fmt % lo
+    return (fmt + "-" + fmt) % (lo, hi)
+
+
+def verdict(r, mode="budget"):
+    if r["lo"] is None and r["hi"] is None:
+        return ""
+    v = r["values"].get(mode)
+    if v is None:
+        return "ERROR"
+    ok = (r["lo"] is None or v >= r["lo"]) and (r["hi"] is None or v <= r["hi"])
+    return "PASS" if ok else "FAIL"
+
+
+def fmt_value(r, mode):
+    v = r["values"].get(mode)
+    if v is None:
+        return "n/a"
+    if v == float("inf"):
+        return "inf"
+    return r["fmt"] % v

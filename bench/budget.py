@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""Benchmark of the shared budget (issue 7): TRAFFICRATE_SHARE=equal against
+TRAFFICRATE_SHARE=budget, side by side, in a private network namespace.
+
+    bench/budget.py [--quick] [--only NAME[,NAME]] [--tso 9|0|both]
+                    [--build-dir DIR] [--out FILE]
+
+Scenarios: keepalive, accuracy, short, manyclients, slowreader, joinleave
+(see bench/README.md for what each measures and how). Every scenario runs
+once with net.ipv4.tcp_tso_rtt_log=9 (the default) and once with 0, set in
+the benchmark's own network namespace. Run as root; when not already in a
+private namespace with lo up at MTU 1500, the script re-executes itself in
+one: unshare -n sh -c 'ip link set lo up mtu 1500 && exec python3 budget.py ...'.
+
+Prints progress, then one table per tso setting (the PASS/FAIL column judges
+the budget column against the target), and writes the raw figures to
+bench/results/<date>-<commit>[-quick].json.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import benchlib
+from benchlib import LIB_MODES, REPO_ROOT, fmt_value, harness, log, target_text, verdict
+from scenarios import SCENARIOS
+
+RESULTS_DIR = benchlib.BENCH_DIR / "results"
+TSO_SYSCTL = "net.ipv4.tcp_tso_rtt_log"
+REEXEC_MARK = "TRAFFICRATE_BENCH_NETNS"
+# Handled by scripts/bench.sh (build/convergence_bench), accepted here.
+EXTERNAL = ("convergence",)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="fewer pairs and shorter windows (checks the script works)")
+    p.add_argument("--only", default="",
+                   help="comma list of scenarios: " + ",".join(SCENARIOS))
+    p.add_argument("--tso", choices=("9", "0", "both"), default="both",
+                   help="net.ipv4.tcp_tso_rtt_log setting(s) to run (default both)")
+    p.add_argument("--build-dir", help="build with libtrafficrate.so and trafficrate "
+                   "(default $TRAFFICRATE_BUILD_DIR or build/)")
+    p.add_argument("--out", help="results JSON path (default bench/results/...)")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS and n not in EXTERNAL]
+    if unknown:
+        p.error("unknown scenario(s) %s; choose from %s" % (
+            ",".join(unknown), ",".join(list(SCENARIOS) + list(EXTERNAL))))
+    args.scenarios = [n for n in SCENARIOS if not names or n in names]
+    args.tso_values = {"9": [9], "0": [0], "both": [9, 0]}[args.tso]
+    return args
+
+
+def ensure_namespace(argv):
+    """Re-exec inside `unshare -n` unless already in a usable namespace."""
+    problems = harness.namespace_problems()
+    if not problems:
+        return
+    if os.environ.get(REEXEC_MARK) or os.geteuid() != 0:
+        sys.exit("budget.py: %s.\nRun as root (scripts/bench.sh does it): "
+                 "unshare -n sh -c 'ip link set lo up mtu 1500 && "
+                 "/usr/bin/python3 bench/budget.py'" % "; ".join(problems))
+    os.environ[REEXEC_MARK] = "1"
+    os.execvp("unshare", ["unshare", "-n", "sh", "-c",
+                          'ip link set lo up mtu 1500 && exec "$0" "$@"',
+                          sys.executable, os.path.abspath(__file__)] + argv)
+
+
+def git(*args):
+    try:
+        return subprocess.run(["git", "-C", str(REPO_ROOT)] + list(args),
+                              capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def results_path(args, commit):
+    if args.out:
+        return Path(args.out)
+    stem = "%s-%s%s" % (datetime.date.today().isoformat(), commit or "nogit",
+                        "-quick" if args.quick else "")
+    path = RESULTS_DIR / (stem + ".json")
+    n = 2
+    while path.exists():
+        path = RESULTS_DIR / ("%s-%d.json" % (stem, n))
+        n += 1
+    return path
+
+
+def print_table(tso, rows):
+    head = ("scenario", "metric", "equal", "budget", "target", "budget?")
+    lines = [head] + [(r["scenario"], r["metric"], fmt_value(r, "equal"),
+                       fmt_value(r, "budget"), target_text(r), verdict(r))
+                      for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    log("\n== tcp_tso_rtt_log=%d: equal = today's rate/active per connection, "
+        "budget = TRAFFICRATE_SHARE=budget" % tso)
+    for i, line in enumerate(lines):
+        log("  ".join(cell.ljust(w) if j < 2 else cell.rjust(w)
+                      for j, (cell, w) in enumerate(zip(line, widths))).rstrip())
+        if i == 0:
+            log("  ".join("-" * w for w in widths))
+    judged = [verdict(r) for r in rows if verdict(r)]
+    log("budget column: %d PASS, %d FAIL, %d ERROR" % (
+        judged.count("PASS"), judged.count("FAIL"), judged.count("ERROR")))
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.build_dir:
+        os.environ["TRAFFICRATE_BUILD_DIR"] = os.path.abspath(args.build_dir)
+    if not args.scenarios or (args.only and all(
+            n in EXTERNAL for n in args.only.split(","))):
+        log("budget.py: no scenario of its own selected")
+        return 0
+    ensure_namespace(argv)
+    lib = harness.library_path()
+    if not lib.is_file():
+        sys.exit("budget.py: %s missing: build first (scripts/bench.sh does)" % lib)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    commit = git("rev-parse", "--short", "HEAD").strip()
+    dirty = [line for line in git("status", "--porcelain", "--untracked-files=no")
+             .splitlines() if line]
+    out_path = results_path(args, commit)
+    started = time.monotonic()
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "commit": commit, "modified_files": dirty, "quick": args.quick,
+            "library": str(lib), "library_mtime": datetime.datetime.fromtimestamp(
+                lib.stat().st_mtime).isoformat(timespec="seconds"),
+            "kernel": platform.release(), "cpus": os.cpu_count(),
+            "loadavg_start": os.getloadavg(), "nofile": hard,
+            "modes": list(LIB_MODES), "scenarios": args.scenarios}
+    log("trafficrate shared-budget benchmark: %s%s, library %s, commit %s%s" % (
+        ",".join(args.scenarios), " (quick)" if args.quick else "", lib, commit,
+        " + %d modified files" % len(dirty) if dirty else ""))
+    results = {"meta": meta, "runs": {}}
+    bench = benchlib.Bench(quick=args.quick)
+    old_tso = harness.sysctl(TSO_SYSCTL)
+    failed = []
+    tables = []
+    try:
+        for tso in args.tso_values:
+            assert not harness.namespace_problems()  # never the host's sysctl
+            harness.sysctl(TSO_SYSCTL, tso)
+            rows, raw = [], {}
+            for name in args.scenarios:
+                t = time.monotonic()
+                log("\n-- [tso %d] %s" % (tso, name))
+                try:
+                    r, data = SCENARIOS[name](bench)
+                    rows += r
+                    raw[name] = data
+                except Exception as e:  # one broken scenario must not hide the rest
+                    failed.append("%s (tso %d): %s" % (name, tso, e))
+                    raw[name] = {"error": traceback.format_exc()}
+                    log("  ERROR %s: %s" % (name, traceback.format_exc()))
+                log("  (%s took %.0f s)" % (name, time.monotonic() - t))
+            results["runs"]["tso%d" % tso] = {"tcp_tso_rtt_log": tso, "rows": rows,
+                                              "raw": raw}
+            tables.append((tso, rows))
+    finally:
+        harness.sysctl(TSO_SYSCTL, old_tso)
+        bench.close()
+        meta["warnings"] = bench.warnings
+        meta["errors"] = failed
+        meta["seconds"] = round(time.monotonic() - started, 1)
+        meta["loadavg_end"] = os.getloadavg()
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    for tso, rows in tables:
+        print_table(tso, rows)
+    for w in bench.warnings:
+        log("warning: " + w)
+    for e in failed:
+        log("scenario error: " + e)
+    log("\nresults: %s (%.0f s)" % (out_path, meta["seconds"]))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,373 @@
+"""The scenarios of the shared-budget benchmark (issue 7); see README.md.
+
+Each scenario is a function (bench) -> (rows, raw): rows for the final table
+(benchlib.row(): one figure per share mode and the budget column's target),
+raw a JSON-able dict of what was measured. Every share mode runs against its
+own fresh nginx and zone, one after the other, in the same namespace.
+"""
+
+import re
+import subprocess
+from contextlib import ExitStack
+
+from benchlib import (BIG_FILE, LIB_MODES, SERVER_HOST, SMALL_FILE_4K, drive,
+                      harness, http_request, jain, log, median, percentile,
+                      row, spread, thread_cpu, watcher_tids)
+
+RATE = "500k"
+TARGET = 512000
+CLIENT = "127.0.0.2"
+MODES = LIB_MODES
+
+
+def _r(values, nd=4):
+    return [round(v, nd) for v in values]
+
+
+def _mode_line(name, mode, text):
+    log("  %-12s %-6s %s" % (name, mode, text))
+
+
+# ------------------------------------------------------------------ keepalive
+
+_WRK_RPS = re.compile(r"Requests/sec:\s*([\d.]+)")
+
+
+def run_wrk(port, seconds, headers=()):
+    """requests/s of `wrk -t1 -c20` on the 4 KiB file, and wrk's error lines."""
+    argv = ["wrk", "-t1", "-c20", "-d%ds" % seconds]
+    for h in headers:
+        argv += ["-H", h]
+    argv.append("http://%s:%d%s" % (SERVER_HOST, port, SMALL_FILE_4K))
+    out = subprocess.run(argv, capture_output=True, text=True,
+                         timeout=seconds + 20).stdout
+    m = _WRK_RPS.search(out)
+    if not m:
+        raise RuntimeError("wrk printed no Requests/sec:\n" + out)
+    problems = [line.strip() for line in out.splitlines()
+                if "errors" in line or "Non-2xx" in line]
+    return float(m.group(1)), problems
+
+
+def keepalive(bench):
+    """nginx, 1 worker, rate 1000m (never reached): wrk req/s with the
+    library / without, in alternating pairs; keep-alive and Connection: close."""
+    rounds, seconds = (2, 1) if bench.quick else (5, 3)
+    rows, raw = [], {}
+    with ExitStack() as stack:
+        srvs = {m: stack.enter_context(bench.server(m, "1000m", workers=1))
+                for m in ("none",) + MODES}
+        for variant, headers, lo in (("keep-alive", (), 0.97),
+                                     ("close", ("Connection: close",), 0.90)):
+            rps = {m: [] for m in srvs}
+            problems = []
+            for i in range(rounds):
+                for m, srv in srvs.items():
+                    value, errs = run_wrk(srv.port, seconds, headers)
+                    rps[m].append(value)
+                    problems += ["%s round %d: %s" % (m, i, e) for e in errs]
+                log("  %-12s round %d/%d: %s" % (variant, i + 1, rounds, ", ".join(
+                    "%s %.0f/s" % (m, rps[m][-1]) for m in srvs)))
+            ratios = {m: [a / b for a, b in zip(rps[m], rps["none"])] for m in MODES}
+            for p in problems:
+                bench.warn("wrk " + p)
+            raw[variant] = {"rps": rps, "ratios": ratios, "wrk_problems": problems}
+            rows.append(row("keepalive", "%s: req/s vs none (median of %d pairs)"
+                            % (variant, rounds),
+                            {m: median(ratios[m]) for m in MODES}, lo=lo))
+            rows.append(row("keepalive", "%s: req/s (none: median %.0f)"
+                            % (variant, median(rps["none"])),
+                            {m: median(rps[m]) for m in MODES}, fmt="%.0f"))
+    return rows, raw
+
+
+# -------------------------------------------------- one client, long downloads
+
+def long_specs(n, **first):
+    """n downloads of the big file from CLIENT; `first` (e.g. read_rate)
+    applies to the first one only."""
+    return [dict({"source": CLIENT, "label": "long#%d" % i}, **(first if i == 0 else {}))
+            for i in range(n)]
+
+
+def steady(bench, mode, rate, specs, warm, window, name):
+    """One mode of a steady scenario: fresh nginx (2 workers), drive()."""
+    with bench.server(mode, rate) as srv:
+        run = drive(bench, srv, specs, window, warm=warm)
+    for e in run.errors[:5]:
+        bench.warn("%s %s: %s" % (name, mode, e))
+    return run
+
+
+def run_raw(run, target, conns=None):
+    conns = run.conns if conns is None else conns
+    return {"total": round(run.rate(conns) / target, 4),
+            "windows": _r([w / target for w in run.windows(conns)]),
+            "per_connection_Bps": [round(c.rate(run.t0, run.t1)) for c in conns],
+            "workers": run.split, "stat": run.stat, "errors": run.errors[:20],
+            "client_cpu_pct": run.client_cpu_pct,
+            "window_s": [round(run.t0 - run.base, 3), round(run.t1 - run.base, 3)]}
+
+
+def accuracy(bench):
+    """One client, N downloads over both workers: total, 1 s windows, Jain."""
+    if bench.quick:
+        cases, warm, window = [("500k", 4), ("500k", 64)], 2.0, 3.0
+    else:
+        cases, warm, window = [(r, n) for r in ("500k", "5m")
+                               for n in (1, 4, 16, 64)], 2.0, 10.0
+    rows, raw = [], {}
+    for rate, n in cases:
+        target = harness.parse_rate(rate)
+        name = "%s N=%d" % (rate, n)
+        figs = {}
+        for mode in MODES:
+            run = steady(bench, mode, rate, long_specs(n), warm, window, name)
+            r = run_raw(run, target)
+            r["jain"] = round(jain(r["per_connection_Bps"]), 5)
+            figs[mode] = r
+            _mode_line(name, mode, "total %.3fx, 1 s windows %.3f..%.3f, Jain %.4f, "
+                       "workers %s" % (r["total"], min(r["windows"]),
+                                       max(r["windows"]), r["jain"], r["workers"]))
+        raw[name] = figs
+        tol = 0.10 if n >= 64 else 0.05
+        label = "%s N=%-2d" % (rate, n)
+        rows += [
+            row("accuracy", "%s total %.0f s / rate" % (label, window),
+                {m: figs[m]["total"] for m in MODES}, lo=0.97, hi=1.03),
+            row("accuracy", "%s min 1 s window" % label,
+                {m: min(figs[m]["windows"]) for m in MODES}, lo=1 - tol),
+            row("accuracy", "%s max 1 s window" % label,
+                {m: max(figs[m]["windows"]) for m in MODES}, hi=1 + tol),
+        ]
+        if n > 1:
+            rows.append(row("accuracy", "%s Jain index" % label,
+                            {m: figs[m]["jain"] for m in MODES}, lo=0.99, fmt="%.4f"))
+    return rows, raw
+
+
+def short(bench):
+    """4 long downloads + f new 64 KiB Range requests per second (each a new
+    connection, Connection: close), all from CLIENT."""
+    freqs = (20,) if bench.quick else (10, 20)
+    warm, window = (2.0, 3.0) if bench.quick else (2.0, 10.0)
+    rows, raw = [], {}
+    for f in freqs:
+        name = "%d/s" % f
+        figs = {}
+        for mode in MODES:
+            def specs(port, count=int((warm + window + 1.5) * f)):
+                shorts = []
+                for i in range(count):
+                    x = (i * 7 + 1) * (1 << 20) % ((1 << 30) - (1 << 17))
+                    shorts.append({"source": CLIENT, "start": 0.1 + i / f,
+                                   "place": False, "group": "short",
+                                   "label": "short#%d" % i,
+                                   "request": http_request(port, BIG_FILE,
+                                                           (x, x + 65535))})
+                return long_specs(4) + shorts
+            with bench.server(mode, RATE) as srv:
+                run = drive(bench, srv, specs(srv.port), window, warm=warm)
+            for e in run.errors[:5]:
+                bench.warn("short %s %s: %s" % (name, mode, e))
+            r = run_raw(run, TARGET)
+            del r["per_connection_Bps"]
+            shorts = [c for c in run.conns if c.group == "short"
+                      and c.connected_at is not None and run.t0 <= c.start_at < run.t1]
+            done = [c for c in shorts if c.eof]
+            durations = [c.done_at - c.connected_at for c in done]
+            r["short_started"] = len(shorts)
+            r["short_completed"] = len(done)
+            r["short_status"] = sorted({c.status for c in shorts if c.status})
+            r["short_bytes"] = sorted({c.total for c in done})[:5]
+            r["short_duration_s"] = {"median": median(durations),
+                                     "p90": percentile(durations, 90),
+                                     "max": max(durations) if durations else None}
+            r["long_Bps"] = [round(c.rate(run.t0, run.t1))
+                             for c in run.conns if c.group is None]
+            figs[mode] = r
+            _mode_line(name, mode, "total %.3fx, max 1 s window %.3f; %d/%d short "
+                       "done, median %.2f s; workers at end %s" % (
+                           r["total"], max(r["windows"]), len(done), len(shorts),
+                           median(durations) or 0, r["workers"]))
+        raw[name] = figs
+        rows += [
+            row("short", "%s total %.0f s / rate" % (name, window),
+                {m: figs[m]["total"] for m in MODES}, hi=1.03),
+            row("short", "%s max 1 s window" % name,
+                {m: max(figs[m]["windows"]) for m in MODES}, hi=1.05),
+            row("short", "%s short request median s" % name,
+                {m: figs[m]["short_duration_s"]["median"] for m in MODES}, fmt="%.3f"),
+        ]
+    return rows, raw
+
+
+def slowreader(bench):
+    """4 downloads of one client; the first read at 20 KiB/s (small
+    SO_RCVBUF), the other three flat out."""
+    warm, window = (2.0, 3.0) if bench.quick else (2.0, 10.0)
+    figs = {}
+    for mode in MODES:
+        specs = long_specs(4, read_rate=20480, rcvbuf=4096, label="slow")
+        run = steady(bench, mode, RATE, specs, warm, window, "slowreader")
+        r = run_raw(run, TARGET)
+        rates = r["per_connection_Bps"]
+        r["slow_Bps"], r["fast_Bps"] = rates[0], rates[1:]
+        r["fast_spread"] = round(spread(rates[1:]), 4)
+        figs[mode] = r
+        _mode_line("slowreader", mode, "total %.3fx; slow %d B/s, fast %s B/s "
+                   "(spread %.3f); workers %s" % (r["total"], rates[0], rates[1:],
+                                                  r["fast_spread"], r["workers"]))
+    rows = [
+        row("slowreader", "total %.0f s / rate" % window,
+            {m: figs[m]["total"] for m in MODES}, lo=0.95),
+        row("slowreader", "3 fast: max/min - 1",
+            {m: figs[m]["fast_spread"] for m in MODES}, hi=0.05),
+        row("slowreader", "slow reader B/s (reads 20480)",
+            {m: figs[m]["slow_Bps"] for m in MODES}, fmt="%.0f"),
+        row("slowreader", "max 1 s window",
+            {m: max(figs[m]["windows"]) for m in MODES}),
+    ]
+    return rows, figs
+
+
+def joinleave(bench):
+    """2 downloads, 6 more join (3 per worker) and leave again."""
+    a, b, c = (2.0, 3.0, 3.0) if bench.quick else (4.0, 5.0, 5.0)
+    end = a + b + c
+    spans = [(1.0, a), (a + 1, a + b), (a + b + 1, end)]
+    figs = {}
+    for mode in MODES:
+        specs = long_specs(2) + [{"source": CLIENT, "start": a, "stop": a + b,
+                                  "label": "join#%d" % i} for i in range(6)]
+        with bench.server(mode, RATE) as srv:
+            run = drive(bench, srv, specs, end, split_at=a + b / 2)
+        for e in run.errors[:5]:
+            bench.warn("joinleave %s: %s" % (mode, e))
+        per_second = [w / TARGET for w in run.windows()]  # [0,1), [1,2), ...
+        kept = [per_second[i] for lo, hi in spans for i in range(int(lo), int(hi))]
+        after = [per_second[i] for i in range(int(spans[2][0]), int(end))]
+        figs[mode] = {"windows": _r(per_second), "judged": _r(kept),
+                      "after_leave": _r(after), "workers_with_8": run.split,
+                      "stat_with_8": run.stat, "errors": run.errors[:20],
+                      "client_cpu_pct": run.client_cpu_pct,
+                      "right_after_join": round(per_second[int(a)], 4),
+                      "right_after_leave": round(per_second[int(a + b)], 4)}
+        _mode_line("joinleave", mode, "windows %s; workers with 8: %s"
+                   % (" ".join("%.3f" % w for w in per_second), run.split))
+    phases = "%g/%g/%g s" % (a, b, c)
+    rows = [
+        row("joinleave", "2->8->2 (%s) min window" % phases,
+            {m: min(figs[m]["judged"]) for m in MODES}, lo=0.95),
+        row("joinleave", "2->8->2 max window", {m: max(figs[m]["judged"]) for m in MODES},
+            hi=1.05),
+        row("joinleave", "min window after the leave",
+            {m: min(figs[m]["after_leave"]) for m in MODES}, lo=0.95),
+        row("joinleave", "window [%g,%g) (1st after leave)" % (a + b, a + b + 1),
+            {m: figs[m]["right_after_leave"] for m in MODES}),
+    ]
+    return rows, figs
+
+
+# ---------------------------------------------------------------- manyclients
+
+def manyclients(bench):
+    """1000 clients x 9 connections at 16 KiB/s each; watcher CPU."""
+    nclients, per, rate = 1000, 9, "16k"
+    target = harness.parse_rate(rate)
+    warm, window = (3.0, 4.0) if bench.quick else (5.0, 10.0)
+    sources = ["127.0.%d.%d" % (1 + i // 250, 1 + i % 250) for i in range(nclients)]
+    figs = {}
+    for mode in MODES:
+        specs = [{"source": s, "place": False, "group": s, "label": "%s#%d" % (s, j)}
+                 for s in sources for j in range(per)]
+        with bench.server(mode, rate, connections=nclients * per,
+                          ZONE_SIZE="32m") as srv:
+            workers = srv.worker_pids()
+
+            def hook(when, workers=workers):
+                return {str(pid): {"process": thread_cpu(pid),
+                                   "watchers": {str(t): thread_cpu(pid, t)
+                                                for t in watcher_tids(pid)}}
+                        for pid in workers}
+            run = drive(bench, srv, specs, window, warm=warm, max_opening=256,
+                        connect_timeout=60.0, hook=hook)
+        for e in run.errors[:5]:
+            bench.warn("manyclients %s: %s" % (mode, e))
+        per_client = {}
+        for c in run.conns:
+            per_client[c.group] = per_client.get(c.group, 0.0) + c.rate(run.t0, run.t1)
+        ratios = sorted(v / target for v in per_client.values())
+        total = sum(per_client.values()) / (nclients * target)
+        connected = sum(1 for c in run.conns if c.connected_at is not None)
+        open_at_end = sum(run.split.values())
+        watcher = process = 0.0
+        missing = []
+        for pid, start in run.marks["start"].items():
+            end_ = run.marks["end"].get(pid, {})
+            if start["process"] is not None and end_.get("process") is not None:
+                process += end_["process"] - start["process"]
+            for tid, t_start in start["watchers"].items():
+                t_end = end_.get("watchers", {}).get(tid)
+                if t_start is None or t_end is None:
+                    missing.append("%s/%s" % (pid, tid))
+                else:
+                    watcher += t_end - t_start
+        n_watchers = sum(len(v["watchers"]) for v in run.marks["start"].values())
+        seconds = run.t1 - run.t0
+        per10k = 10000.0 / max(1, open_at_end or connected)
+        r = {"total": round(total, 4),
+             "windows": _r([w / (nclients * target) for w in run.windows()]),
+             "per_client": {"min": ratios[0], "p5": percentile(ratios, 5),
+                            "median": median(ratios), "p95": percentile(ratios, 95),
+                            "max": ratios[-1], "jain": jain(ratios)},
+             "connected": connected, "open_at_end": open_at_end,
+             "workers": run.split, "errors": run.errors[:20],
+             "error_count": len(run.errors), "watcher_threads": n_watchers,
+             "watcher_cpu_pct_per_10k": (100.0 * watcher / seconds * per10k
+                                         if n_watchers else None),
+             "workers_cpu_pct": 100.0 * process / seconds, "cpu_marks": run.marks,
+             "client_cpu_pct": run.client_cpu_pct,
+             "per_client_ratios": _r(ratios)}
+        figs[mode] = r
+        pc = r["per_client"]
+        _mode_line("manyclients", mode, "total %.3fx; per client %.2f/%.2f/%.2f/"
+                   "%.2f/%.2f (min/p5/median/p95/max); %d connected, %d open at "
+                   "end on %s; watcher CPU %s%% per 10k conns, workers %.0f%%, "
+                   "client %.0f%%" % (
+                       total, pc["min"], pc["p5"], pc["median"], pc["p95"], pc["max"],
+                       connected, open_at_end, run.split,
+                       "n/a" if r["watcher_cpu_pct_per_10k"] is None
+                       else "%.2f" % r["watcher_cpu_pct_per_10k"],
+                       r["workers_cpu_pct"], run.client_cpu_pct))
+    label = "%dx%d @16k" % (nclients, per)
+    rows = [
+        row("manyclients", "%s total / (clients x rate)" % label,
+            {m: figs[m]["total"] for m in MODES}, lo=0.95, hi=1.05),
+        row("manyclients", "per-client total, min", {m: figs[m]["per_client"]["min"]
+                                                      for m in MODES}),
+        row("manyclients", "per-client total, p5..p95 width",
+            {m: figs[m]["per_client"]["p95"] - figs[m]["per_client"]["p5"]
+             for m in MODES}),
+        row("manyclients", "per-client total, max", {m: figs[m]["per_client"]["max"]
+                                                      for m in MODES}),
+        row("manyclients", "max 1 s window (all clients)",
+            {m: max(figs[m]["windows"]) for m in MODES}),
+        row("manyclients", "watcher CPU, % of a core per 10k conns",
+            {m: figs[m]["watcher_cpu_pct_per_10k"] for m in MODES}, hi=1.0, fmt="%.2f"),
+        row("manyclients", "nginx workers CPU, % of a core",
+            {m: figs[m]["workers_cpu_pct"] for m in MODES}, fmt="%.1f"),
+        row("manyclients", "bench client CPU, % of a core",
+            {m: figs[m]["client_cpu_pct"] for m in MODES}, fmt="%.1f"),
+    ]
+    return rows, figs
+
+
+SCENARIOS = {
+    "keepalive": keepalive,
+    "accuracy": accuracy,
+    "short": short,
+    "manyclients": manyclients,
+    "slowreader": slowreader,
+    "joinleave": joinleave,
+}
