@@ -3,13 +3,73 @@
 #   convergence: time from a join/leave in one process until every sibling
 #   socket of the key in another process carries its new share (kernel
 #   SO_MAX_PACING_RATE read back), median / p99 over 1000 changes.
+#   budget (issue 7, bench/budget.py, see bench/README.md): nginx under the
+#   library with TRAFFICRATE_SHARE=equal and =budget side by side (keepalive,
+#   accuracy, short, manyclients, slowreader, joinleave), in a private
+#   network namespace with lo at MTU 1500, with tcp_tso_rtt_log 9 and 0;
+#   one table per setting, raw figures in bench/results/.
+#
+#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both]
+#
+#   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
+#   --only    e.g. --only convergence or --only accuracy,short
+#   TRAFFICRATE_BUILD_DIR=DIR   measure that build (default build/). A DIR
+#             that is already configured is rebuilt as configured (it may be
+#             another checkout); otherwise it is configured from this tree.
+# Needs root (packages, unshare). The full run takes under 20 minutes on 2 cores.
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 cd "$TRAFFICRATE_ROOT"
-trafficrate_install_packages
-trafficrate_build build
 
-echo "== convergence, changes back to back (coalescing worst case)"
-build/convergence_bench --changes 1000 --gap-ms 0
-echo "== convergence, changes 5 ms apart"
-build/convergence_bench --changes 1000 --gap-ms 5
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+
+only=""
+budget_args=()
+while (($#)); do
+  case $1 in
+    --quick) budget_args+=(--quick) ;;
+    --only) only=${2:?--only needs a list}; shift ;;
+    --only=*) only=${1#--only=} ;;
+    --tso) budget_args+=(--tso "${2:?--tso needs 9, 0 or both}"); shift ;;
+    --tso=*) budget_args+=("$1") ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ -n $only ]] && budget_args+=(--only "$only")
+
+# Is scenario $1 selected by --only (all are by default)?
+selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
+# Does --only select anything besides convergence?
+budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|') ]]; }
+
+trafficrate_install_packages wrk
+if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
+  build_dir=$(realpath -m "$TRAFFICRATE_BUILD_DIR")
+  if [[ ! -f $build_dir/CMakeCache.txt ]]; then
+    cmake -S "$TRAFFICRATE_ROOT" -B "$build_dir" -G Ninja \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  fi
+  cmake --build "$build_dir"
+else
+  trafficrate_build build
+  build_dir=$TRAFFICRATE_ROOT/build
+fi
+export TRAFFICRATE_BUILD_DIR=$build_dir
+echo "== build: $build_dir"
+
+if selected convergence; then
+  echo "== convergence, changes back to back (coalescing worst case)"
+  "$build_dir/convergence_bench" --changes 1000 --gap-ms 0
+  echo "== convergence, changes 5 ms apart"
+  "$build_dir/convergence_bench" --changes 1000 --gap-ms 5
+fi
+
+if budget_selected; then
+  echo "== shared budget (bench/budget.py ${budget_args[*]})"
+  # Everything of it in one private namespace: lo at MTU 1500, the sysctl
+  # net.ipv4.tcp_tso_rtt_log changed there only.
+  unshare -n sh -c 'ip link set lo up mtu 1500 && exec /usr/bin/python3 "$0" "$@"' \
+    "$TRAFFICRATE_ROOT/bench/budget.py" "${budget_args[@]}"
+fi
