@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -191,5 +192,12 @@ def main(argv):
     return 1 if failed else 0
 
 
+def _interrupt_on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    # Ctrl-C or SIGTERM: stop the servers (by pid), write what was measured.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     sys.exit(main(sys.argv[1:]))
