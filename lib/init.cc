@@ -96,6 +96,7 @@ void Initialize() {
       Zone::OpenOrCreate(config->zone_name, config->zone_size_bytes,
                          config->rate_bytes_per_sec, config->key);
   if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
+  (*zone)->SetShare(config->share, config->burst_bytes);
   FdTable* table = FdTable::Create(FdTableCapacity());
   if (table == nullptr) {
     return Fail(g_logger,

@@ -23,6 +23,7 @@ constexpr size_t kMaxZoneNameBytes = 64;
 
 constexpr char kStrictForm[] = "use 0 or 1";
 constexpr char kLogForm[] = "use stderr, syslog, off or an absolute file path";
+constexpr char kShareForm[] = "use budget or equal";
 constexpr char kZoneForm[] =
     "use 1 to 64 characters from A-Z a-z 0-9 _ . - not starting with '.'";
 
@@ -88,6 +89,21 @@ absl::StatusOr<std::string> ParseZoneName(absl::string_view value) {
   return std::string(value);
 }
 
+absl::StatusOr<ShareMode> ParseShare(absl::string_view value) {
+  if (value == "budget") return ShareMode::kBudget;
+  if (value == "equal") return ShareMode::kEqual;
+  return VariableError(kEnvShare, value, "is not a share mode", kShareForm);
+}
+
+absl::StatusOr<uint64_t> ParseBurst(absl::string_view value) {
+  return ParseByteCount(kEnvBurst, value, /*allow_g=*/true, kMinBurstBytes,
+                        kMaxBurstBytes);
+}
+
+absl::string_view ShareModeName(ShareMode mode) {
+  return mode == ShareMode::kEqual ? "equal" : "budget";
+}
+
 absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   Config config;
   if (const char* value = env(kEnvRate); value != nullptr) {
@@ -121,6 +137,12 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   }
   if (const char* value = env(kEnvIdle); value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.idle_ns, ParseIdleNs(value));
+  }
+  if (const char* value = env(kEnvShare); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.share, ParseShare(value));
+  }
+  if (const char* value = env(kEnvBurst); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.burst_bytes, ParseBurst(value));
   }
   return config;
 }

@@ -30,6 +30,14 @@
 //   TRAFFICRATE_STRICT     0 | 1
 //   TRAFFICRATE_IDLE       how long a connection may go without writing before
 //                          it stops taking a share; 1ms .. 60s, default 200ms
+//   TRAFFICRATE_SHARE      budget | equal (budget.h): how a key's sending
+//                          connections share its rate. equal: rate/active
+//                          each, always (the default for now); budget: a
+//                          shared byte budget, measured, max-min fair, no
+//                          cap while the key is clearly under its rate.
+//   TRAFFICRATE_BURST      budget mode: unused allowance a key may bank,
+//                          k/m/g units, 1k .. 1g; unset: 50 ms of the rate,
+//                          at least 16k
 // A variable that is set but empty is an error, not "use the default": an
 // empty value is usually a shell variable that was meant to hold something.
 
@@ -44,6 +52,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "src/budget.h"
 #include "src/key.h"
 #include "src/rules.h"
 
@@ -59,10 +68,12 @@ inline constexpr const char* kEnvAfter = "TRAFFICRATE_AFTER";
 inline constexpr const char* kEnvLog = "TRAFFICRATE_LOG";
 inline constexpr const char* kEnvStrict = "TRAFFICRATE_STRICT";
 inline constexpr const char* kEnvIdle = "TRAFFICRATE_IDLE";
+inline constexpr const char* kEnvShare = "TRAFFICRATE_SHARE";
+inline constexpr const char* kEnvBurst = "TRAFFICRATE_BURST";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate,   kEnvKey,   kEnvZone, kEnvZoneSize, kEnvPorts,
-    kEnvExempt, kEnvAfter, kEnvLog,  kEnvStrict,   kEnvIdle};
+    kEnvRate,  kEnvKey, kEnvZone,   kEnvZoneSize, kEnvPorts, kEnvExempt,
+    kEnvAfter, kEnvLog, kEnvStrict, kEnvIdle,     kEnvShare, kEnvBurst};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
@@ -71,6 +82,8 @@ inline constexpr uint64_t kMaxZoneSizeBytes = uint64_t{1} << 30;    // 1g
 inline constexpr uint64_t kMaxAfterBytes = uint64_t{1} << 40;       // 1024g
 inline constexpr int64_t kMinIdleNs = 1'000'000;                    // 1ms
 inline constexpr int64_t kMaxIdleNs = 60'000'000'000;               // 60s
+inline constexpr uint64_t kMinBurstBytes = uint64_t{1} << 10;       // 1k
+inline constexpr uint64_t kMaxBurstBytes = uint64_t{1} << 30;       // 1g
 
 enum class LogTarget { kStderr, kSyslog, kOff, kFile };
 
@@ -87,6 +100,8 @@ struct Config {
   std::string log_path;  // set when log == LogTarget::kFile
   bool strict = false;
   int64_t idle_ns = 200'000'000;
+  ShareMode share = ShareMode::kEqual;
+  uint64_t burst_bytes = 0;  // 0: DefaultBurstBytes(rate)
 };
 
 // Looks a variable up; returns nullptr when it is unset. The returned string
@@ -122,6 +137,14 @@ ABSL_MUST_USE_RESULT absl::StatusOr<int64_t> ParseIdleNs(
 // TRAFFICRATE_STRICT: exactly "0" or "1"; "true" or "yes" are refused rather
 // than guessed at, since a wrong guess either kills the server or does not.
 ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseStrict(absl::string_view value);
+// TRAFFICRATE_SHARE: exactly "budget" or "equal".
+ABSL_MUST_USE_RESULT absl::StatusOr<ShareMode> ParseShare(
+    absl::string_view value);
+// TRAFFICRATE_BURST: see the file comment.
+ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseBurst(
+    absl::string_view value);
+// "budget" or "equal", as TRAFFICRATE_SHARE takes it.
+absl::string_view ShareModeName(ShareMode mode);
 // TRAFFICRATE_LOG: "stderr", "syslog", "off", or an absolute path (starting
 // with '/', because the server may chdir). Sets *path to the path for
 // LogTarget::kFile and clears it otherwise. REQUIRES: path != nullptr.

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,9 +14,6 @@
 
 namespace trafficrate {
 namespace {
-
-constexpr int64_t kWatcherStartWaitNs = 200 * kNsPerMs;
-constexpr size_t kWatcherStackBytes = 256 * 1024;
 
 // The client's address as 16 bytes (IPv4 as v4-mapped) and its port.
 void PeerBytes(const sockaddr* peer, uint8_t out[16], uint16_t* port) {
@@ -110,17 +106,27 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       table_(table),
       logger_(logger),
       options_(options),
+      watcher_(this, zone, logger,
+               WatcherTiming{options.idle_ns, options.coalesce_ns,
+                             options.reap_interval_ns}),
       pid_(static_cast<int32_t>(getpid())) {
   const size_t bytes = sizeof(LocalConn) * zone_->conn_capacity();
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem != MAP_FAILED) local_ = static_cast<LocalConn*>(mem);
+  const size_t key_bytes = sizeof(uint32_t) * zone_->key_capacity();
+  mem = mmap(nullptr, key_bytes, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem != MAP_FAILED) key_tick_ = static_cast<uint32_t*>(mem);
 }
 
 Governor::~Governor() {
   StopWatcher();
   if (local_ != nullptr) {
     munmap(local_, sizeof(LocalConn) * zone_->conn_capacity());
+  }
+  if (key_tick_ != nullptr) {
+    munmap(key_tick_, sizeof(uint32_t) * zone_->key_capacity());
   }
 }
 
@@ -235,6 +241,7 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
   local_[conn].last_send_ns.store(now, std::memory_order_relaxed);
+  local_[conn].next_measure_ns.store(0, std::memory_order_relaxed);
   entry.state.store(PackState(conn, cookie), std::memory_order_release);
   table_->NoteTracked(fd);
 }
@@ -251,7 +258,7 @@ void Governor::BeforeSend(int fd) {
     Reregister(fd, *entry, state);
   } else if (!conn.active.load(std::memory_order_relaxed) ||
              conn.proc_index.load(std::memory_order_relaxed) !=
-                 proc_.load(std::memory_order_relaxed)) {
+                 watcher_.proc_index()) {
     JoinSlow(fd, *entry, state);
   } else {
     ApplyIfChanged(fd, *entry, state, conn);
@@ -283,7 +290,7 @@ bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
 void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
   const uint32_t index = StateConn(state);
   const ConnSlotShm& conn = zone_->conn(index);
-  uint32_t me = proc_.load(std::memory_order_acquire);
+  uint32_t me = watcher_.proc_index();
   const bool ours = conn.proc_index.load(std::memory_order_relaxed) == me;
   if (!ours && conn.active.load(std::memory_order_relaxed)) {
     // Inherited across fork from the process that registered it, which
@@ -358,9 +365,7 @@ void Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
   // and so that two threads never apply out of order.
   if (!FdTable::TryPin(entry, state, /*wait=*/true)) return;
   const uint64_t token = ShareToken(key);
-  const uint64_t share = ShareBytesPerSec(
-      zone_->header().rate_bytes_per_sec.load(std::memory_order_relaxed),
-      key.active.load(std::memory_order_acquire));
+  const uint64_t share = ShareFor(key);
   if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &share, sizeof(share)) ==
       0) {
     const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
@@ -380,7 +385,7 @@ void Governor::Release(uint64_t state) {
   // The last fd of this process on that connection. Only its owner ends the
   // registration: an inherited copy closing must not.
   const ConnSlotShm& conn = zone_->conn(index);
-  const uint32_t me = proc_.load(std::memory_order_acquire);
+  const uint32_t me = watcher_.proc_index();
   if (!ConnValid(conn, state) ||
       conn.proc_index.load(std::memory_order_relaxed) != me) {
     return;
@@ -399,7 +404,13 @@ void Governor::Release(uint64_t state) {
   if (push) zone_->WakeWatchers();
 }
 
-void Governor::OnClose(int fd) { Release(Detach(fd)); }
+void Governor::OnClose(int fd) {
+  const uint64_t state = Detach(fd);
+  // Budget mode: a connection closed with data unsent keeps its place in
+  // its key (and keeps counting) until the kernel has sent it.
+  if (state != 0 && BudgetWanted() && KeepDraining(fd, state)) return;
+  Release(state);
+}
 
 uint64_t Governor::Detach(int fd) {
   FdEntry* entry = table_->Get(fd);
@@ -444,114 +455,21 @@ void Governor::OnDup(int oldfd, int newfd) {
 }
 
 void Governor::AfterForkChild() {
-  proc_.store(kNoSlot, std::memory_order_relaxed);
-  watcher_state_.store(kNotStarted, std::memory_order_relaxed);
-  stop_.store(false, std::memory_order_relaxed);
+  watcher_.AfterForkChild();
   pid_ = static_cast<int32_t>(getpid());
   table_->ClearPinsAfterFork();
+  // The parent's drains are the parent's to finish.
+  for (std::atomic<uint64_t>& drain : drains_) {
+    drain.store(0, std::memory_order_relaxed);
+  }
 }
 
-uint32_t Governor::EnsureProc() {
-  const uint32_t p = proc_.load(std::memory_order_acquire);
-  if (p != kNoSlot) return p;
-  int expected = kNotStarted;
-  if (watcher_state_.compare_exchange_strong(expected, kStarting)) {
-    // The watcher must never run a host signal handler.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, kWatcherStackBytes);
-    const int rc = pthread_create(&watcher_, &attr, &WatcherMain, this);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    if (rc != 0) {
-      watcher_state_.store(kFailed, std::memory_order_release);
-      logger_->Logf(
-          "cannot start the watcher thread (%s); connections of "
-          "process %d pass through unpaced",
-          strerror(rc), pid_);
-      return kNoSlot;
-    }
-  }
-  const int64_t deadline = MonotonicNowNs() + kWatcherStartWaitNs;
-  while (watcher_state_.load(std::memory_order_acquire) == kStarting &&
-         MonotonicNowNs() < deadline) {
-    SleepNs(20'000);
-  }
-  return proc_.load(std::memory_order_acquire);
-}
+uint32_t Governor::EnsureProc() { return watcher_.EnsureStarted(); }
 
-void* Governor::WatcherMain(void* self) {
-  pthread_setname_np(pthread_self(), "trafficrate");
-  static_cast<Governor*>(self)->RunWatcher();
-  return nullptr;
-}
-
-void Governor::RunWatcher() {
-  uint32_t me = kNoSlot;
-  {
-    ZoneLock lock(*zone_);
-    if (lock.ok()) me = zone_->ClaimProcLocked(pid_, MonotonicNowNs());
-  }
-  if (me == kNoSlot) {
-    watcher_state_.store(kFailed, std::memory_order_release);
-    logger_->Logf(
-        "zone %s has no free process slot (%u); connections of "
-        "process %d pass through unpaced; raise "
-        "TRAFFICRATE_ZONE_SIZE",
-        zone_->name().c_str(), zone_->proc_capacity(), pid_);
-    return;
-  }
-  proc_.store(me, std::memory_order_release);
-  watcher_state_.store(kRunning, std::memory_order_release);
-
-  int64_t idle_tick = options_.idle_ns / 4;
-  if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
-  if (idle_tick > 100 * kNsPerMs) idle_tick = 100 * kNsPerMs;
-  int64_t now = MonotonicNowNs();
-  int64_t next_idle = now + idle_tick;
-  int64_t next_reap = now;
-  int64_t last_scan = 0;
-  uint32_t seen = zone_->ChangeWord();
-  while (!stop_.load(std::memory_order_acquire)) {
-    now = MonotonicNowNs();
-    const int64_t until = next_idle < next_reap ? next_idle : next_reap;
-    zone_->WaitForChange(seen, until - now);
-    now = MonotonicNowNs();
-    if (zone_->ChangeWord() != seen) {
-      // Coalesce a burst of joins into one scan per coalesce_ns.
-      SleepNs(last_scan + options_.coalesce_ns - now);
-      seen = zone_->ChangeWord();
-      ApplyChangedShares();
-      last_scan = MonotonicNowNs();
-    }
-    if (now >= next_idle) {
-      ExpireIdle(now);
-      next_idle = now + idle_tick;
-    }
-    if (now >= next_reap) {
-      ReapDead();
-      next_reap = now + options_.reap_interval_ns;
-    }
-  }
-  // Give up the liveness token: to the zone, this process is now dead.
-  pthread_mutex_unlock(&zone_->proc(me).liveness);
-}
-
-void Governor::StopWatcher() {
-  if (watcher_state_.load(std::memory_order_acquire) != kRunning) return;
-  stop_.store(true, std::memory_order_release);
-  zone_->WakeWatchers();
-  pthread_join(watcher_, nullptr);
-  proc_.store(kNoSlot, std::memory_order_release);
-  watcher_state_.store(kNotStarted, std::memory_order_release);
-  stop_.store(false, std::memory_order_release);
-}
+void Governor::StopWatcher() { watcher_.Stop(); }
 
 void Governor::ApplyChangedShares() {
-  const uint32_t me = proc_.load(std::memory_order_acquire);
+  const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
@@ -568,7 +486,7 @@ void Governor::ApplyChangedShares() {
 }
 
 void Governor::ExpireIdle(int64_t now_ns) {
-  const uint32_t me = proc_.load(std::memory_order_acquire);
+  const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
   bool push = false;
   for (int fd = 0; fd < high_water; ++fd) {

@@ -34,6 +34,7 @@
 #include "src/key.h"
 #include "src/log.h"
 #include "src/rules.h"
+#include "src/watcher.h"
 #include "src/zone.h"
 
 namespace trafficrate {
@@ -91,7 +92,7 @@ class Governor {
   // The process's slot in the zone, claiming it and starting the watcher
   // thread on first use. kNoSlot if that failed.
   uint32_t EnsureProc();
-  uint32_t proc_index() const { return proc_.load(std::memory_order_acquire); }
+  uint32_t proc_index() const { return watcher_.proc_index(); }
 
   // One pass of each watcher duty; public for tests. They skip fds pinned by
   // another thread.
@@ -100,6 +101,13 @@ class Governor {
   // socket since their last send.
   void ExpireIdle(int64_t now_ns);
   void ReapDead();
+  // Budget mode (budget.h): whether the zone runs the shared budget, and
+  // one tick of it: measures what left this process's sending sockets
+  // (their bytes handed to the kernel minus SIOCOUTQNSD), adds it to their
+  // keys, models the drain of closed connections, and for each key whose
+  // lease it holds (or takes) decides the level and publishes it.
+  bool BudgetWanted() const;
+  void TickBudget(int64_t now_ns);
 
   // Stops the watcher thread and releases this process's liveness token, so
   // that the process looks dead to the zone (its registrations get reaped).
@@ -111,10 +119,6 @@ class Governor {
   int64_t LastSendNs(int fd) const;
 
  private:
-  enum WatcherState : int { kNotStarted, kStarting, kRunning, kFailed };
-
-  static void* WatcherMain(void* self);
-  void RunWatcher();
   void Register(int fd, FdEntry& entry, const ConnKey& key,
                 const uint8_t peer16[16], uint16_t peer_port);
   void JoinSlow(int fd, FdEntry& entry, uint64_t state);
@@ -132,6 +136,18 @@ class Governor {
   // connections other than `conn`, whose shares a change must push.
   bool SiblingsSendingLocked(const ConnSlotShm& conn) const;
   uint64_t ShareToken(const KeySlotShm& key) const;
+  // The pacing rate for a sending connection of `key`: rate/active in equal
+  // mode, the key's level in budget mode.
+  uint64_t ShareFor(const KeySlotShm& key) const;
+  // Budget mode, watcher: one connection's measurement (SIOCOUTQNSD), its
+  // key's share of the tick, and the drain of closed connections.
+  void MeasureConn(int fd, FdEntry& entry, uint64_t state, ConnSlotShm& conn,
+                   int64_t now_ns);
+  void DecideKey(uint32_t key_index, int64_t now_ns);
+  void TickDrains(int64_t now_ns);
+  // Budget mode, close: keeps a connection closed with unsent data in its
+  // key until the kernel has sent it. False if it was not kept.
+  bool KeepDraining(int fd, uint64_t state);
 
   Zone* const zone_;
   FdTable* const table_;
@@ -143,12 +159,17 @@ class Governor {
   struct LocalConn {
     std::atomic<uint64_t> refs;  // cookie << 32 | fds of this process on it
     std::atomic<int64_t> last_send_ns;
+    std::atomic<int64_t> next_measure_ns;  // budget mode
+    std::atomic<int64_t> drain_last_ns;    // budget mode, draining
   };
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
-  std::atomic<uint32_t> proc_{kNoSlot};
-  std::atomic<int> watcher_state_{kNotStarted};
-  std::atomic<bool> stop_{false};
-  pthread_t watcher_{};
+  // Budget mode: the tick in which this process last decided each key.
+  uint32_t* key_tick_ = nullptr;  // zone key_capacity entries
+  uint32_t tick_ = 0;
+  // Closed connections still draining: (conn << 32 | cookie), 0 if free.
+  static constexpr int kDrainSlots = 1024;
+  std::atomic<uint64_t> drains_[kDrainSlots] = {};
+  Watcher watcher_;
   int32_t pid_;
   mutable std::atomic<int64_t> last_full_log_ns_{0};
   mutable std::atomic<int64_t> last_fd_log_ns_{0};

@@ -17,7 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/budget.h"
 #include "src/clock.h"
+#include "src/key_budget.h"
 #include "src/siphash.h"
 
 namespace trafficrate {
@@ -44,7 +46,8 @@ uint64_t Layout(uint32_t n, ZoneGeometry* g) {
   g->buckets_offset = AlignUp(sizeof(ZoneHeaderShm));
   g->keys_offset = AlignUp(g->buckets_offset + 4ULL * g->bucket_count);
   g->conns_offset = g->keys_offset + sizeof(KeySlotShm) * uint64_t{n};
-  g->procs_offset = g->conns_offset + sizeof(ConnSlotShm) * uint64_t{n};
+  g->procs_offset =
+      AlignUp(g->conns_offset + sizeof(ConnSlotShm) * uint64_t{n});
   return g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity};
 }
 
@@ -376,6 +379,14 @@ uint32_t Zone::FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns) {
   k.bytes_closed.store(0, std::memory_order_relaxed);
   k.last_active_ns.store(now_ns, std::memory_order_relaxed);
   k.connections_served.store(0, std::memory_order_relaxed);
+  k.sent_bytes.store(0, std::memory_order_relaxed);
+  k.lease.store(0, std::memory_order_relaxed);
+  k.budget_last_ns.store(0, std::memory_order_relaxed);
+  k.budget_sent_bytes.store(0, std::memory_order_relaxed);
+  k.balance_bytes.store(0, std::memory_order_relaxed);
+  k.level_bytes_per_sec.store(0, std::memory_order_relaxed);
+  k.measured_bytes_per_sec.store(0, std::memory_order_relaxed);
+  k.boost.store(0, std::memory_order_relaxed);
   const uint32_t bucket = BucketOf(key_bytes);
   k.next = buckets_[bucket];
   k.in_use.store(1, std::memory_order_release);
@@ -402,6 +413,8 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
   c.active.store(0, std::memory_order_relaxed);
   c.share_bytes_per_sec.store(0, std::memory_order_relaxed);
   c.bytes_sent.store(0, std::memory_order_relaxed);
+  c.bytes_left.store(0, std::memory_order_relaxed);
+  c.drain_bytes.store(0, std::memory_order_relaxed);
   StoreBytes(c.peer, peer, sizeof(c.peer));
   __atomic_store_n(&c.peer_port, peer_port, __ATOMIC_RELAXED);
   // Odd: in use. The release store publishes the fields above.
@@ -459,7 +472,9 @@ bool Zone::JoinLocked(uint32_t conn_index) {
     return false;
   }
   c.active.store(1, std::memory_order_relaxed);
-  keys_[k].active.fetch_add(1, std::memory_order_relaxed);
+  const uint32_t before =
+      keys_[k].active.fetch_add(1, std::memory_order_relaxed);
+  AdjustLevelLocked(keys_[k], before, before + 1);
   keys_[k].last_active_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   keys_[k].generation.fetch_add(1, std::memory_order_release);
   return true;
@@ -474,8 +489,10 @@ bool Zone::LeaveLocked(uint32_t conn_index) {
     return false;
   }
   c.active.store(0, std::memory_order_relaxed);
-  if (keys_[k].active.load(std::memory_order_relaxed) > 0) {
+  const uint32_t before = keys_[k].active.load(std::memory_order_relaxed);
+  if (before > 0) {
     keys_[k].active.fetch_sub(1, std::memory_order_relaxed);
+    AdjustLevelLocked(keys_[k], before, before - 1);
   }
   keys_[k].last_active_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   keys_[k].generation.fetch_add(1, std::memory_order_release);
@@ -664,6 +681,46 @@ void Zone::RepairLocked() {
     header_->key_free_head = n;
   }
   header_->lock_repairs.fetch_add(1, std::memory_order_relaxed);
+}
+
+BudgetSettings Zone::budget_settings() const {
+  return BudgetSettings{
+      header_->rate_bytes_per_sec.load(std::memory_order_relaxed),
+      burst_bytes()};
+}
+
+void Zone::AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after) {
+  if (share_mode() != ShareMode::kBudget) return;
+  key.level_bytes_per_sec.store(
+      LevelAfterMembershipChange(LoadBudget(key), budget_settings(), before,
+                                 after),
+      std::memory_order_relaxed);
+}
+
+void Zone::SetShare(ShareMode mode, uint64_t burst_bytes) {
+  const uint32_t m = static_cast<uint32_t>(mode);
+  if (header_->share_mode.load(std::memory_order_relaxed) == m &&
+      header_->burst_bytes.load(std::memory_order_relaxed) == burst_bytes) {
+    return;
+  }
+  header_->share_mode.store(m, std::memory_order_relaxed);
+  header_->burst_bytes.store(burst_bytes, std::memory_order_relaxed);
+  header_->settings_generation.fetch_add(1, std::memory_order_release);
+  WakeWatchers();
+}
+
+ShareMode Zone::share_mode() const {
+  return header_->share_mode.load(std::memory_order_relaxed) ==
+                 static_cast<uint32_t>(ShareMode::kEqual)
+             ? ShareMode::kEqual
+             : ShareMode::kBudget;
+}
+
+uint64_t Zone::burst_bytes() const {
+  const uint64_t burst = header_->burst_bytes.load(std::memory_order_relaxed);
+  return burst != 0 ? burst
+                    : DefaultBurstBytes(header_->rate_bytes_per_sec.load(
+                          std::memory_order_relaxed));
 }
 
 void Zone::SetRate(uint64_t rate_bytes_per_sec) {

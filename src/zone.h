@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "src/budget.h"
 #include "src/key.h"
 #include "src/zone_layout.h"
 
@@ -129,6 +130,14 @@ class Zone {
 
   // Bumps the settings generation so every socket's share is recomputed.
   void SetRate(uint64_t rate_bytes_per_sec);
+  // TRAFFICRATE_SHARE and TRAFFICRATE_BURST (0: the default for the rate),
+  // live settings like the rate: the last server started sets them.
+  void SetShare(ShareMode mode, uint64_t burst_bytes);
+  ShareMode share_mode() const;
+  // The burst in force: the setting, or DefaultBurstBytes of the live rate.
+  uint64_t burst_bytes() const;
+  // The live rate and burst, for the budget controller.
+  BudgetSettings budget_settings() const;
 
   // Futex on header().change_word, shared by all processes.
   uint32_t ChangeWord() const;
@@ -153,6 +162,9 @@ class Zone {
                                                    uint64_t rate_bytes_per_sec,
                                                    uint32_t key_spec);
   void UnlinkKeyLocked(uint32_t key_index);
+  // Budget mode: a join or leave sets the key's level at once
+  // (LevelAfterMembershipChange), before the next tick.
+  void AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after);
   void FreeKeyLocked(uint32_t key_index);
 
   std::string name_;

@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 2;
+inline constexpr uint32_t kZoneLayoutVersion = 3;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -44,6 +44,18 @@ struct KeySlotShm {
   // has sending connections it is active now, else this is when it stopped.
   std::atomic<int64_t> last_active_ns;
   std::atomic<uint64_t> connections_served;  // registered since inserted
+  // The shared budget (budget.h). sent_bytes is added to by each owner of
+  // a connection of the key as it measures what left the socket; the rest
+  // is written by the holder of the lease only, without the zone lock.
+  std::atomic<uint64_t> sent_bytes;  // left the key's sockets, ever
+  std::atomic<uint64_t> lease;       // (proc + 1) << 48 | expiry in ms
+  std::atomic<int64_t> budget_last_ns;
+  std::atomic<uint64_t> budget_sent_bytes;
+  std::atomic<int64_t> balance_bytes;         // < 0: debt
+  std::atomic<uint64_t> level_bytes_per_sec;  // cap in force; 0: none yet
+  std::atomic<uint64_t> measured_bytes_per_sec;
+  std::atomic<uint32_t> boost;  // 16.16
+  uint32_t reserved0;
 };
 
 struct ConnSlotShm {
@@ -59,6 +71,12 @@ struct ConnSlotShm {
   uint16_t peer_port;  // host order
   uint16_t reserved0;
   uint32_t reserved1;
+  // Of bytes_sent, how many had left the socket when its owner last looked
+  // (budget mode). Only the owner writes it.
+  std::atomic<uint64_t> bytes_left;
+  // Closed with this much still unsent: the connection keeps its place in
+  // its key while the kernel drains it (budget mode). 0: not draining.
+  std::atomic<uint64_t> drain_bytes;
 };
 
 enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
@@ -106,15 +124,18 @@ struct ZoneHeaderShm {
   std::atomic<uint64_t> lock_repairs;
   std::atomic<uint64_t> procs_reaped;
   std::atomic<uint64_t> conns_reaped;
-  uint8_t reserved1[104];
+  std::atomic<uint32_t> share_mode;  // ShareMode (budget.h), live setting
+  uint32_t reserved2;
+  std::atomic<uint64_t> burst_bytes;  // live setting; 0: DefaultBurstBytes
+  uint8_t reserved1[88];
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::is_standard_layout_v<KeySlotShm> &&
-              sizeof(KeySlotShm) == 64);
+              sizeof(KeySlotShm) == 128);
 static_assert(std::is_standard_layout_v<ConnSlotShm> &&
-              sizeof(ConnSlotShm) == 64);
+              sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&
               sizeof(ProcSlotShm) == 64);
 static_assert(std::is_standard_layout_v<ZoneHeaderShm> &&

@@ -131,8 +131,8 @@ TEST(ParseConfigTest, AllVariablesSet) {
 
 TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
   const std::vector<std::string> want = {
-      kEnvRate,   kEnvKey,   kEnvZone, kEnvZoneSize, kEnvPorts,
-      kEnvExempt, kEnvAfter, kEnvLog,  kEnvStrict,   kEnvIdle};
+      kEnvRate,  kEnvKey, kEnvZone,   kEnvZoneSize, kEnvPorts, kEnvExempt,
+      kEnvAfter, kEnvLog, kEnvStrict, kEnvIdle,     kEnvShare, kEnvBurst};
   std::vector<std::string> seen;
   ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
                 seen.push_back(name);

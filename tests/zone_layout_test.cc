@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 2u);
+  EXPECT_EQ(kZoneLayoutVersion, 3u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -58,12 +58,15 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, lock_repairs), 192u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, procs_reaped), 200u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, conns_reaped), 208u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 216u);
-  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 104u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, share_mode), 216u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved2), 220u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, burst_bytes), 224u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 232u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 88u);
 }
 
 TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(KeySlotShm), 64u);
+  EXPECT_EQ(sizeof(KeySlotShm), 128u);
   EXPECT_EQ(alignof(KeySlotShm), 8u);
   EXPECT_EQ(offsetof(KeySlotShm, key), 0u);
   EXPECT_EQ(sizeof(KeySlotShm::key), 20u);
@@ -75,10 +78,19 @@ TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(KeySlotShm, bytes_closed), 40u);
   EXPECT_EQ(offsetof(KeySlotShm, last_active_ns), 48u);
   EXPECT_EQ(offsetof(KeySlotShm, connections_served), 56u);
+  EXPECT_EQ(offsetof(KeySlotShm, sent_bytes), 64u);
+  EXPECT_EQ(offsetof(KeySlotShm, lease), 72u);
+  EXPECT_EQ(offsetof(KeySlotShm, budget_last_ns), 80u);
+  EXPECT_EQ(offsetof(KeySlotShm, budget_sent_bytes), 88u);
+  EXPECT_EQ(offsetof(KeySlotShm, balance_bytes), 96u);
+  EXPECT_EQ(offsetof(KeySlotShm, level_bytes_per_sec), 104u);
+  EXPECT_EQ(offsetof(KeySlotShm, measured_bytes_per_sec), 112u);
+  EXPECT_EQ(offsetof(KeySlotShm, boost), 120u);
+  EXPECT_EQ(offsetof(KeySlotShm, reserved0), 124u);
 }
 
 TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ConnSlotShm), 64u);
+  EXPECT_EQ(sizeof(ConnSlotShm), 80u);
   EXPECT_EQ(alignof(ConnSlotShm), 8u);
   EXPECT_EQ(offsetof(ConnSlotShm, seq), 0u);
   EXPECT_EQ(offsetof(ConnSlotShm, key_index), 4u);
@@ -93,6 +105,8 @@ TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ConnSlotShm, peer_port), 56u);
   EXPECT_EQ(offsetof(ConnSlotShm, reserved0), 58u);
   EXPECT_EQ(offsetof(ConnSlotShm, reserved1), 60u);
+  EXPECT_EQ(offsetof(ConnSlotShm, bytes_left), 64u);
+  EXPECT_EQ(offsetof(ConnSlotShm, drain_bytes), 72u);
 }
 
 TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
@@ -172,6 +186,8 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_repairs);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, procs_reaped);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conns_reaped);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, share_mode);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, burst_bytes);
   fp.Add(sizeof(KeySlotShm));
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, key);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, next);
@@ -182,6 +198,14 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, bytes_closed);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, last_active_ns);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, connections_served);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, sent_bytes);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, lease);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, budget_last_ns);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, budget_sent_bytes);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, balance_bytes);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, level_bytes_per_sec);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, measured_bytes_per_sec);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, boost);
   fp.Add(sizeof(ConnSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, seq);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, key_index);
@@ -193,6 +217,8 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, bytes_sent);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer_port);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, bytes_left);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, drain_bytes);
   fp.Add(sizeof(ProcSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, liveness);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, state);
@@ -212,6 +238,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
   constexpr Known kKnown[] = {
       {1, 0x01e422efd798a62cULL},
       {2, 0x678770207850bf9cULL},  // key last_active_ns, connections_served
+      {3, 0x969fd228117d097cULL},  // shared budget: key, conn, header fields
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -296,9 +323,9 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 6896u);
-  EXPECT_EQ(g.conn_capacity, 6896u);
-  EXPECT_EQ(g.proc_capacity, 1724u);
+  EXPECT_EQ(g.key_capacity, 4518u);
+  EXPECT_EQ(g.conn_capacity, 4518u);
+  EXPECT_EQ(g.proc_capacity, 1129u);
   EXPECT_EQ(g.bucket_count, 8192u);
   EXPECT_EQ(g.buckets_offset, 320u);
   EXPECT_EQ(g.keys_offset, 33088u);
@@ -306,9 +333,9 @@ TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 429u);
-  EXPECT_EQ(g.conn_capacity, 429u);
-  EXPECT_EQ(g.proc_capacity, 107u);
+  EXPECT_EQ(g.key_capacity, 281u);
+  EXPECT_EQ(g.conn_capacity, 281u);
+  EXPECT_EQ(g.proc_capacity, 70u);
   EXPECT_EQ(g.bucket_count, 512u);
 }
 

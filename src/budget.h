@@ -1,0 +1,108 @@
+// The shared byte budget: one controller per key turns what the key's
+// connections really sent (bytes that left their sockets, summed over every
+// process) into one pacing cap, the *level*, for each of its sending
+// connections. Plain code: byte counts and times in, a level out; no sockets
+// and no clock, so tests drive it by simulation.
+//
+//   BudgetState state;                        // kept in the key's zone slot
+//   BudgetSettings settings{rate, burst};
+//   state = BudgetTick(state, {now_ns, key_sent_bytes, active}, settings);
+//   cap = state.level_bytes_per_sec;          // SO_MAX_PACING_RATE of each
+//
+// How it decides, once per tick (~20 ms):
+// * A token bucket of the key's rate: the balance gains rate x dt and loses
+//   what left the sockets; it holds at most `burst` bytes of unused
+//   allowance, and a negative balance is a debt (first unpaced segments of
+//   new connections, 64 KiB TSO packets, a lag after a change).
+// * The target total for the next ticks is the rate plus the balance spread
+//   over kBudgetHorizonNs: a debt is repaid, a dip is made up.
+// * Under max-min fairness every constrained connection gets the same level
+//   L, and L >= target / active (equality when all want more). So the level
+//   is target / active times a boost >= 1 that rises slowly while the key
+//   sends less than its target (some connections use less than their share:
+//   the rest split what they leave) and falls back when it sends more.
+// * While the key sends clearly less than its rate and owes nothing, the
+//   level is the whole rate: nothing is held back, so request/response
+//   traffic runs as without the library.
+//
+// A departure time the kernel already scheduled cannot be pulled back (a
+// packet's gap is fixed at the rate in force when it leaves), so the level
+// never drops below target / active: no connection is ever set far below
+// what it will soon need.
+
+#ifndef TRAFFICRATE_SRC_BUDGET_H_
+#define TRAFFICRATE_SRC_BUDGET_H_
+
+#include <cstdint>
+
+namespace trafficrate {
+
+// How connections of a key share its rate (TRAFFICRATE_SHARE).
+enum class ShareMode : uint32_t {
+  kBudget = 0,  // this controller
+  kEqual = 1,   // max(1, rate / active) per connection, always
+};
+
+inline constexpr int64_t kBudgetTickNs = 20'000'000;      // 20 ms
+inline constexpr int64_t kBudgetHorizonNs = 250'000'000;  // debts repaid over
+// A tick after a gap longer than this starts the key afresh (it was idle).
+inline constexpr int64_t kBudgetMaxGapNs = 1'000'000'000;
+// The debt is bounded, so that a rate lowered by `trafficrate set` or a
+// flood of new connections is not paid for over minutes.
+inline constexpr int64_t kBudgetMaxDebtNs = 1'000'000'000;  // 1 s of rate
+inline constexpr uint32_t kBoostOne = 1 << 16;              // fixed point 16.16
+
+struct BudgetSettings {
+  uint64_t rate_bytes_per_sec = 0;
+  // Unused allowance a key may bank (TRAFFICRATE_BURST).
+  uint64_t burst_bytes = 0;
+};
+
+// One key's controller state. Stored in the zone (KeySlotShm) by the
+// process holding the key's lease; any process may read it for stat.
+struct BudgetState {
+  int64_t last_ns = 0;        // time of the last tick; 0: never ticked
+  uint64_t sent_bytes = 0;    // the key's sent bytes at the last tick
+  int64_t balance_bytes = 0;  // allowance minus use; <= burst; < 0 is debt
+  uint64_t level_bytes_per_sec = 0;     // 0: none yet
+  uint64_t measured_bytes_per_sec = 0;  // sent rate, smoothed over ~1 s
+  uint32_t boost = kBoostOne;           // level over target/active, 16.16
+};
+
+struct BudgetInput {
+  int64_t now_ns = 0;
+  uint64_t sent_bytes = 0;  // the key's bytes that left its sockets, ever
+  uint32_t active = 0;      // its sending connections, in all processes
+};
+
+// One decision. Pure; safe from any thread.
+BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
+                       const BudgetSettings& settings);
+
+// The level to use at once when the key's sending connections go from
+// old_active to new_active (a join or a leave), before the next tick: a
+// joiner takes its share from the others now rather than sending at the old
+// level for a tick, and survivors of a leave get the larger share now (the
+// max-min level is at least target / active). Pure.
+uint64_t LevelAfterMembershipChange(const BudgetState& state,
+                                    const BudgetSettings& settings,
+                                    uint32_t old_active, uint32_t new_active);
+
+// Debt in bytes (>= 0) of a state.
+inline uint64_t BudgetDebtBytes(const BudgetState& state) {
+  return state.balance_bytes < 0 ? static_cast<uint64_t>(-state.balance_bytes)
+                                 : 0;
+}
+
+// Whether a new level differs enough from the one applied to be worth a
+// setsockopt on every connection of the key (and a wake of every watcher).
+bool LevelWorthApplying(uint64_t applied_bytes_per_sec,
+                        uint64_t level_bytes_per_sec);
+
+// The default TRAFFICRATE_BURST for a rate: 50 ms of it, at least 16 KiB
+// (about ten segments, what a new connection sends unpaced anyway).
+uint64_t DefaultBurstBytes(uint64_t rate_bytes_per_sec);
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_BUDGET_H_

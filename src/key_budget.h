@@ -1,0 +1,70 @@
+// A key's shared-budget state as it lives in the zone (KeySlotShm), and the
+// per-key lease that lets one process at a time decide the key's level.
+//
+//   if (TryTakeLease(key, proc, now_ns)) {
+//     BudgetState state = LoadBudget(key);
+//     ... state = BudgetTick(state, input, settings); ...
+//     StoreBudget(key, state);
+//   }
+//
+// Hot path safe: atomics only, no allocation, errno untouched.
+
+#ifndef TRAFFICRATE_SRC_KEY_BUDGET_H_
+#define TRAFFICRATE_SRC_KEY_BUDGET_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "src/budget.h"
+#include "src/zone_layout.h"
+
+namespace trafficrate {
+
+// A lease lasts three ticks: its holder renews it every tick, and another
+// process takes over within 60 ms of the holder's death or stall.
+inline constexpr int64_t kLeaseMs = 3 * kBudgetTickNs / 1'000'000;
+inline constexpr uint64_t kLeaseExpiryMask = (uint64_t{1} << 48) - 1;
+
+// Takes or renews the key's lease for process slot proc (below 65535).
+// False while another live process holds it.
+inline bool TryTakeLease(KeySlotShm& key, uint32_t proc, int64_t now_ns) {
+  const uint64_t now_ms = static_cast<uint64_t>(now_ns / 1'000'000);
+  const uint64_t me = uint64_t{proc} + 1;
+  uint64_t seen = key.lease.load(std::memory_order_acquire);
+  const uint64_t owner = seen >> 48;
+  if (owner != 0 && owner != me && (seen & kLeaseExpiryMask) > now_ms) {
+    return false;
+  }
+  const uint64_t mine = me << 48 | ((now_ms + kLeaseMs) & kLeaseExpiryMask);
+  return key.lease.compare_exchange_strong(seen, mine,
+                                           std::memory_order_acq_rel);
+}
+
+inline BudgetState LoadBudget(const KeySlotShm& key) {
+  BudgetState s;
+  s.last_ns = key.budget_last_ns.load(std::memory_order_relaxed);
+  s.sent_bytes = key.budget_sent_bytes.load(std::memory_order_relaxed);
+  s.balance_bytes = key.balance_bytes.load(std::memory_order_relaxed);
+  s.level_bytes_per_sec =
+      key.level_bytes_per_sec.load(std::memory_order_relaxed);
+  s.measured_bytes_per_sec =
+      key.measured_bytes_per_sec.load(std::memory_order_relaxed);
+  const uint32_t boost = key.boost.load(std::memory_order_relaxed);
+  s.boost = boost != 0 ? boost : kBoostOne;
+  return s;
+}
+
+inline void StoreBudget(KeySlotShm& key, const BudgetState& s) {
+  key.budget_last_ns.store(s.last_ns, std::memory_order_relaxed);
+  key.budget_sent_bytes.store(s.sent_bytes, std::memory_order_relaxed);
+  key.balance_bytes.store(s.balance_bytes, std::memory_order_relaxed);
+  key.level_bytes_per_sec.store(s.level_bytes_per_sec,
+                                std::memory_order_relaxed);
+  key.measured_bytes_per_sec.store(s.measured_bytes_per_sec,
+                                   std::memory_order_relaxed);
+  key.boost.store(s.boost, std::memory_order_relaxed);
+}
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_KEY_BUDGET_H_

@@ -1,0 +1,148 @@
+#include "src/watcher.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "src/budget.h"
+#include "src/clock.h"
+#include "src/governor.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr int64_t kStartWaitNs = 200 * kNsPerMs;
+constexpr size_t kStackBytes = 256 * 1024;
+
+}  // namespace
+
+Watcher::Watcher(Governor* governor, Zone* zone, const Logger* logger,
+                 const WatcherTiming& timing)
+    : governor_(governor),
+      zone_(zone),
+      logger_(logger),
+      timing_(timing),
+      pid_(static_cast<int32_t>(getpid())) {}
+
+uint32_t Watcher::EnsureStarted() {
+  const uint32_t p = proc_.load(std::memory_order_acquire);
+  if (p != kNoSlot) return p;
+  int expected = kNotStarted;
+  if (state_.compare_exchange_strong(expected, kStarting)) {
+    // The watcher must never run a host signal handler.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, kStackBytes);
+    const int rc = pthread_create(&thread_, &attr, &Main, this);
+    pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (rc != 0) {
+      state_.store(kFailed, std::memory_order_release);
+      logger_->Logf(
+          "cannot start the watcher thread (%s); connections of "
+          "process %d pass through unpaced",
+          strerror(rc), pid_);
+      return kNoSlot;
+    }
+  }
+  const int64_t deadline = MonotonicNowNs() + kStartWaitNs;
+  while (state_.load(std::memory_order_acquire) == kStarting &&
+         MonotonicNowNs() < deadline) {
+    SleepNs(20'000);
+  }
+  return proc_.load(std::memory_order_acquire);
+}
+
+void Watcher::AfterForkChild() {
+  proc_.store(kNoSlot, std::memory_order_relaxed);
+  state_.store(kNotStarted, std::memory_order_relaxed);
+  stop_.store(false, std::memory_order_relaxed);
+  pid_ = static_cast<int32_t>(getpid());
+}
+
+void* Watcher::Main(void* self) {
+  pthread_setname_np(pthread_self(), "trafficrate");
+  static_cast<Watcher*>(self)->Run();
+  return nullptr;
+}
+
+bool Watcher::Claim() {
+  uint32_t me = kNoSlot;
+  {
+    ZoneLock lock(*zone_);
+    if (lock.ok()) me = zone_->ClaimProcLocked(pid_, MonotonicNowNs());
+  }
+  if (me == kNoSlot) {
+    state_.store(kFailed, std::memory_order_release);
+    logger_->Logf(
+        "zone %s has no free process slot (%u); connections of "
+        "process %d pass through unpaced; raise "
+        "TRAFFICRATE_ZONE_SIZE",
+        zone_->name().c_str(), zone_->proc_capacity(), pid_);
+    return false;
+  }
+  proc_.store(me, std::memory_order_release);
+  state_.store(kRunning, std::memory_order_release);
+  return true;
+}
+
+void Watcher::Run() {
+  if (!Claim()) return;
+  const uint32_t me = proc_.load(std::memory_order_relaxed);
+  int64_t idle_tick = timing_.idle_ns / 4;
+  if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
+  if (idle_tick > 100 * kNsPerMs) idle_tick = 100 * kNsPerMs;
+  int64_t now = MonotonicNowNs();
+  int64_t next_idle = now + idle_tick;
+  int64_t next_reap = now;
+  int64_t next_budget = now + kBudgetTickNs;
+  int64_t last_scan = 0;
+  uint32_t seen = zone_->ChangeWord();
+  while (!stop_.load(std::memory_order_acquire)) {
+    now = MonotonicNowNs();
+    int64_t until = next_idle < next_reap ? next_idle : next_reap;
+    const bool budget = governor_->BudgetWanted();
+    if (budget && next_budget < until) until = next_budget;
+    zone_->WaitForChange(seen, until - now);
+    now = MonotonicNowNs();
+    if (zone_->ChangeWord() != seen) {
+      // Coalesce a burst of joins into one scan per coalesce_ns.
+      SleepNs(last_scan + timing_.coalesce_ns - now);
+      seen = zone_->ChangeWord();
+      governor_->ApplyChangedShares();
+      last_scan = MonotonicNowNs();
+    }
+    if (budget && now >= next_budget) {
+      governor_->TickBudget(now);
+      next_budget = now + kBudgetTickNs;
+    } else if (!budget) {
+      next_budget = now + kBudgetTickNs;
+    }
+    if (now >= next_idle) {
+      governor_->ExpireIdle(now);
+      next_idle = now + idle_tick;
+    }
+    if (now >= next_reap) {
+      governor_->ReapDead();
+      next_reap = now + timing_.reap_interval_ns;
+    }
+  }
+  // Give up the liveness token: to the zone, this process is now dead.
+  pthread_mutex_unlock(&zone_->proc(me).liveness);
+}
+
+void Watcher::Stop() {
+  if (state_.load(std::memory_order_acquire) != kRunning) return;
+  stop_.store(true, std::memory_order_release);
+  zone_->WakeWatchers();
+  pthread_join(thread_, nullptr);
+  proc_.store(kNoSlot, std::memory_order_release);
+  state_.store(kNotStarted, std::memory_order_release);
+  stop_.store(false, std::memory_order_release);
+}
+
+}  // namespace trafficrate

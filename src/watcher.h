@@ -1,0 +1,75 @@
+// The watcher: one thread per process that does the Governor's periodic
+// duties, so that nothing periodic runs inside the host's calls. It claims
+// the process's slot in the zone and holds its liveness token for life; it
+// wakes on the zone's change word (a join or leave in any process) to
+// re-apply shares, and on its own ticks to run the shared budget (measure
+// what left this process's sockets, decide the levels of the keys whose
+// lease it holds), expire idle connections and reap dead processes.
+//
+//   Watcher watcher(&governor, &zone, &logger, options);
+//   uint32_t proc = watcher.EnsureStarted();  // at the first governed accept
+//
+// Ownership: governor, zone and logger must outlive the Watcher. Thread
+// safety: every public function may be called from any thread.
+
+#ifndef TRAFFICRATE_SRC_WATCHER_H_
+#define TRAFFICRATE_SRC_WATCHER_H_
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "src/log.h"
+#include "src/zone.h"
+
+namespace trafficrate {
+
+class Governor;
+
+struct WatcherTiming {
+  int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
+  int64_t coalesce_ns = 2'000'000;  // minimum gap between share scans
+  int64_t reap_interval_ns = 250'000'000;
+};
+
+class Watcher {
+ public:
+  // REQUIRES: governor, zone and logger outlive the Watcher.
+  Watcher(Governor* governor, Zone* zone, const Logger* logger,
+          const WatcherTiming& timing);
+  Watcher(const Watcher&) = delete;
+  Watcher& operator=(const Watcher&) = delete;
+
+  // The process's slot in the zone: starts the thread on first use (the one
+  // pthread_create inside an interposed call, once per process) and waits
+  // for it at most 200 ms. kNoSlot if that failed.
+  uint32_t EnsureStarted();
+  uint32_t proc_index() const { return proc_.load(std::memory_order_acquire); }
+  // Stops the thread and releases the liveness token, so that the process
+  // looks dead to the zone (tests; the library never stops it).
+  void Stop();
+  // In the child, after fork: the thread did not survive.
+  void AfterForkChild();
+
+ private:
+  enum State : int { kNotStarted, kStarting, kRunning, kFailed };
+
+  static void* Main(void* self);
+  void Run();
+  bool Claim();
+
+  Governor* const governor_;
+  Zone* const zone_;
+  const Logger* const logger_;
+  const WatcherTiming timing_;
+  std::atomic<uint32_t> proc_{kNoSlot};
+  std::atomic<int> state_{kNotStarted};
+  std::atomic<bool> stop_{false};
+  pthread_t thread_{};
+  int32_t pid_;
+};
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_WATCHER_H_

@@ -1,0 +1,355 @@
+// The budget controller, driven by simulation: connections paced the way the
+// kernel paces them (a packet's gap is fixed at the rate in force when it
+// leaves; the first 10 segments are not paced; packets are 64 KiB on
+// low-RTT paths or sized from the pacing rate), readers that take a given
+// rate, joins, leaves and short connections. No sockets, no sleeps.
+
+#include "src/budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr int64_t kStepNs = 50'000;  // 50 us
+constexpr double kMss = 1448;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct SimConn {
+  double demand = kInf;  // what the reader takes, bytes/s
+  double remaining = kInf;
+  double cap = 0;  // pacing in force
+  int64_t next_departure_ns = 0;
+  int64_t wstamp_ns = 0;  // the kernel's tcp_wstamp_ns
+  int segs_out = 0;
+  double credit = 0;  // what the reader has room for
+  bool active = false;
+  double sent = 0;
+};
+
+// One key: its connections, the controller ticking every kBudgetTickNs, and
+// a record of the bytes sent per 10 ms, to judge 1 s windows.
+class Sim {
+ public:
+  Sim(uint64_t rate, bool big_packets)
+      : settings_{rate, DefaultBurstBytes(rate)}, big_packets_(big_packets) {}
+
+  // A connection joins now; returns its index.
+  size_t Join(double demand = kInf, double bytes = kInf) {
+    SimConn c;
+    c.demand = demand;
+    c.remaining = bytes;
+    c.active = true;
+    c.next_departure_ns = now_;
+    const uint32_t before = Active();
+    state_.level_bytes_per_sec =
+        LevelAfterMembershipChange(state_, settings_, before, before + 1);
+    applied_ = state_.level_bytes_per_sec;
+    c.cap = static_cast<double>(applied_);
+    conns_.push_back(c);
+    ApplyToAll();
+    return conns_.size() - 1;
+  }
+  void Leave(size_t i) {
+    if (!conns_[i].active) return;
+    const uint32_t before = Active();
+    conns_[i].active = false;
+    state_.level_bytes_per_sec =
+        LevelAfterMembershipChange(state_, settings_, before, before - 1);
+    applied_ = state_.level_bytes_per_sec;
+    ApplyToAll();
+  }
+  void Run(double seconds) {
+    const int64_t end = now_ + static_cast<int64_t>(seconds * 1e9);
+    while (now_ < end) Step();
+  }
+  void Step() {
+    for (SimConn& c : conns_) Send(c);
+    now_ += kStepNs;
+    if (now_ % (10 * 1'000'000) == 0) {
+      per_10ms_.push_back(total_ - last_total_);
+      last_total_ = total_;
+    }
+    if (now_ % kBudgetTickNs == 0) Tick();
+    if (trace_ && now_ % 100'000'000 == 0) {
+      std::printf(
+          "t=%.1f n=%u level=%lu bal=%ld boost=%.2f meas=%lu r100=%.3f\n",
+          (now_ - 1e9) / 1e9, Active(), state_.level_bytes_per_sec,
+          state_.balance_bytes, state_.boost / 65536.0,
+          state_.measured_bytes_per_sec,
+          Ratio((now_ - 1.1e9) / 1e9, (now_ - 1e9) / 1e9));
+    }
+  }
+  // Bytes per second over [t0, t1) as a ratio of the rate.
+  double Ratio(double t0, double t1) const {
+    double bytes = 0;
+    for (size_t i = static_cast<size_t>(t0 * 100);
+         i < static_cast<size_t>(t1 * 100) && i < per_10ms_.size(); ++i) {
+      bytes += per_10ms_[i];
+    }
+    return bytes / (t1 - t0) /
+           static_cast<double>(settings_.rate_bytes_per_sec);
+  }
+  // Min and max over the 1 s windows [t, t+1) for t = t0, t0+0.1, ... < t1.
+  std::pair<double, double> WindowRange(double t0, double t1) const {
+    double lo = kInf, hi = 0;
+    for (double t = t0; t + 1 <= t1 + 1e-9; t += 0.1) {
+      const double r = Ratio(t, t + 1);
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    return {lo, hi};
+  }
+  const SimConn& conn(size_t i) const { return conns_[i]; }
+  const BudgetState& state() const { return state_; }
+  double rate() const {
+    return static_cast<double>(settings_.rate_bytes_per_sec);
+  }
+  uint32_t Active() const {
+    uint32_t n = 0;
+    for (const SimConn& c : conns_) n += c.active ? 1 : 0;
+    return n;
+  }
+  int ticks_applied() const { return ticks_applied_; }
+
+ private:
+  void Tick() {
+    state_ = BudgetTick(state_, {now_, static_cast<uint64_t>(total_), Active()},
+                        settings_);
+    if (LevelWorthApplying(applied_, state_.level_bytes_per_sec)) {
+      applied_ = state_.level_bytes_per_sec;
+      ++ticks_applied_;
+      ApplyToAll();
+    }
+  }
+  void ApplyToAll() {
+    for (SimConn& c : conns_) {
+      if (c.active) c.cap = static_cast<double>(applied_);
+    }
+  }
+  double PacketBytes(const SimConn& c) const {
+    if (big_packets_) return 65536;
+    // tcp_tso_autosize with tcp_tso_rtt_log=0: 1 ms of the pacing rate,
+    // at least 2 segments.
+    return std::max(2.0, std::floor(c.cap / 1024 / kMss)) * kMss;
+  }
+  void Send(SimConn& c) {
+    if (c.demand != kInf) {
+      c.credit = std::min(c.credit + c.demand * kStepNs / 1e9, 256.0 * 1024);
+    }
+    if (!c.active || c.remaining <= 0 || now_ < c.next_departure_ns) return;
+    double size = std::min(PacketBytes(c), c.remaining);
+    if (c.demand != kInf) size = std::min(size, c.credit);
+    if (size < std::min(kMss, c.remaining)) return;
+    c.remaining -= size;
+    if (c.demand != kInf) c.credit -= size;
+    c.sent += size;
+    total_ += size;
+    if (c.segs_out >= 10) {
+      // As tcp_update_skb_after_send: the schedule restarts from now if the
+      // timer fired late, and up to half the next gap is forgiven for it.
+      // The timer and the scheduler add up to 0.2 ms of jitter, which keeps
+      // connections of equal rates out of step.
+      const int64_t prior = c.wstamp_ns;
+      c.wstamp_ns = std::max(c.wstamp_ns, now_ - kStepNs);
+      int64_t gap = static_cast<int64_t>(size * 1e9 / c.cap);
+      gap -= std::min(gap / 2, c.wstamp_ns - prior);
+      c.wstamp_ns += gap;
+      c.next_departure_ns =
+          c.wstamp_ns + static_cast<int64_t>(jitter_(random_) * 2e5);
+    }
+    c.segs_out += static_cast<int>(std::ceil(size / kMss));
+    if (c.remaining <= 0) Leave(static_cast<size_t>(&c - conns_.data()));
+  }
+
+  BudgetSettings settings_;
+  bool big_packets_;
+  BudgetState state_;
+  uint64_t applied_ = 0;
+  int ticks_applied_ = 0;
+  bool trace_ = std::getenv("BUDGET_TRACE") != nullptr;
+  std::mt19937 random_{42};
+  std::uniform_real_distribution<double> jitter_{0.0, 1.0};
+  int64_t now_ = 1'000'000'000;  // never 0: 0 means "never ticked"
+  double total_ = 0;
+  double last_total_ = 0;
+  std::vector<double> per_10ms_;
+  std::vector<SimConn> conns_;
+};
+
+double ConnRate(const SimConn& c, double seconds) { return c.sent / seconds; }
+
+TEST(BudgetTest, EqualDemandsSplitTheRateAndHoldEveryWindow) {
+  for (bool big : {false, true}) {
+    for (int n : {1, 4, 16}) {
+      Sim sim(5 << 20, big);
+      for (int i = 0; i < n; ++i) sim.Join();
+      sim.Run(10);
+      EXPECT_NEAR(sim.Ratio(2, 10), 1.0, 0.03) << "n=" << n << " big=" << big;
+      // 64 KiB packets at 16 x 320 KiB/s: one packet more or less per
+      // connection is 20% of a 1 s window when they fall in step. Known
+      // limit; only the 10 s total and fairness are held there.
+      if (big && n == 16) continue;
+      const auto [lo, hi] = sim.WindowRange(2, 10);
+      EXPECT_GE(lo, 0.95) << "n=" << n << " big=" << big;
+      EXPECT_LE(hi, 1.05) << "n=" << n << " big=" << big;
+      double min_rate = kInf, max_rate = 0;
+      for (int i = 0; i < n; ++i) {
+        min_rate = std::min(min_rate, ConnRate(sim.conn(i), 10));
+        max_rate = std::max(max_rate, ConnRate(sim.conn(i), 10));
+      }
+      EXPECT_LE(max_rate / min_rate, 1.05) << "n=" << n << " big=" << big;
+    }
+  }
+}
+
+TEST(BudgetTest, SlowReaderLeavesWhatItDoesNotUseToTheOthers) {
+  Sim sim(512000, /*big_packets=*/false);
+  sim.Join(20 * 1024);
+  for (int i = 0; i < 3; ++i) sim.Join();
+  sim.Run(12);
+  EXPECT_GE(sim.Ratio(2, 12), 0.97);
+  EXPECT_LE(sim.Ratio(2, 12), 1.03);
+  const double slow = ConnRate(sim.conn(0), 12);
+  EXPECT_NEAR(slow, 20 * 1024, 1024);
+  const double a = ConnRate(sim.conn(1), 12), b = ConnRate(sim.conn(2), 12),
+               c = ConnRate(sim.conn(3), 12);
+  EXPECT_LE(std::max({a, b, c}) / std::min({a, b, c}), 1.03);
+  // The fast ones share what the slow one leaves: (rate - 20 KiB/s) / 3.
+  EXPECT_NEAR(a, (512000 - 20 * 1024) / 3.0, 0.05 * a);
+}
+
+TEST(BudgetTest, ConvergesToMaxMinShares) {
+  Sim sim(512000, /*big_packets=*/false);
+  sim.Join(20'000);
+  sim.Join(60'000);
+  sim.Join();
+  sim.Join();
+  sim.Run(12);
+  // Max-min: 20k and 60k keep what they use; the others get 216k each.
+  EXPECT_NEAR(ConnRate(sim.conn(0), 12), 20'000, 1'500);
+  EXPECT_NEAR(ConnRate(sim.conn(1), 12), 60'000, 3'000);
+  EXPECT_NEAR(ConnRate(sim.conn(2), 12), 216'000, 0.05 * 216'000);
+  EXPECT_NEAR(ConnRate(sim.conn(3), 12), 216'000, 0.05 * 216'000);
+  const double level = static_cast<double>(sim.state().level_bytes_per_sec);
+  EXPECT_NEAR(level, 216'000, 0.08 * 216'000);
+}
+
+TEST(BudgetTest, NothingIsHeldBackWhileTheKeyIsClearlyUnderItsRate) {
+  Sim sim(100 << 20, /*big_packets=*/false);
+  for (int i = 0; i < 20; ++i) sim.Join(1 << 20);  // 20 MiB/s of 100 MiB/s
+  sim.Run(1);
+  EXPECT_EQ(sim.state().level_bytes_per_sec, uint64_t{100} << 20);
+  EXPECT_EQ(BudgetDebtBytes(sim.state()), 0u);
+}
+
+TEST(BudgetTest, DebtsAreRepaidWithinAboutTheHorizon) {
+  Sim sim(512000, /*big_packets=*/false);
+  for (int i = 0; i < 4; ++i) sim.Join();
+  sim.Run(3);
+  // 8 new connections each send their first 10 segments unpaced at once
+  // (~113 KiB), then leave.
+  for (int i = 0; i < 8; ++i) sim.Join(kInf, 10 * kMss);
+  sim.Run(0.1);
+  EXPECT_GT(BudgetDebtBytes(sim.state()), 50'000u);
+  sim.Run(1.0);
+  // Repaid down to about the dead band of half a burst.
+  EXPECT_LE(BudgetDebtBytes(sim.state()), DefaultBurstBytes(512000));
+  sim.Run(6);
+  EXPECT_NEAR(sim.Ratio(2, 10), 1.0, 0.03);
+}
+
+TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
+  for (int per_sec : {10, 20}) {
+    Sim sim(512000, /*big_packets=*/false);
+    for (int i = 0; i < 4; ++i) sim.Join();
+    sim.Run(1);
+    for (int s = 0; s < 11 * per_sec; ++s) {
+      sim.Join(kInf, 65536);  // a 64 KiB Range request on a new connection
+      sim.Run(1.0 / per_sec);
+    }
+    EXPECT_LE(sim.Ratio(1, 11), 1.03) << per_sec;
+    EXPECT_GE(sim.Ratio(1, 11), 0.97) << per_sec;
+    // At 20 per second the Range requests alone want 1.25 MiB/s of a
+    // 500 KiB/s budget: they pile up, each starting with 10 unpaced
+    // segments. Windows are held to the target only at 10 per second.
+    if (per_sec > 10) continue;
+    const auto [lo, hi] = sim.WindowRange(2, 11);
+    EXPECT_LE(hi, 1.05) << per_sec;
+    EXPECT_GE(lo, 0.94) << per_sec;
+  }
+}
+
+TEST(BudgetTest, JoinsAndLeavesHoldEveryWindowAfterTheChange) {
+  for (bool big : {false, true}) {
+    Sim sim(5 << 20, big);
+    std::vector<size_t> extra;
+    sim.Join();
+    sim.Join();
+    sim.Run(4);
+    for (int i = 0; i < 6; ++i) extra.push_back(sim.Join());
+    sim.Run(5);
+    for (size_t i : extra) sim.Leave(i);
+    sim.Run(5);
+    // With 64 KiB packets a window holds whole packets: +-8% there.
+    const double tolerance = big ? 0.08 : 0.05;
+    for (double change : {4.0, 9.0}) {
+      const auto [lo, hi] = sim.WindowRange(change + 1, change + 5);
+      EXPECT_GE(lo, 1 - tolerance) << "big=" << big << " after " << change;
+      EXPECT_LE(hi, 1 + tolerance) << "big=" << big << " after " << change;
+    }
+    // No dip right after the leave either.
+    EXPECT_GE(sim.Ratio(9, 10), 0.95) << "big=" << big;
+  }
+}
+
+TEST(BudgetTest, LevelAfterJoinTakesTheJoinersShareAtOnce) {
+  const BudgetSettings settings{400'000, DefaultBurstBytes(400'000)};
+  BudgetState state;
+  state.level_bytes_per_sec = 100'000;  // 4 connections at 100k
+  EXPECT_EQ(LevelAfterMembershipChange(state, settings, 4, 5), 80'000u);
+  // A leave never lowers the level, and gives at least rate / active.
+  EXPECT_EQ(LevelAfterMembershipChange(state, settings, 4, 2), 200'000u);
+  state.level_bytes_per_sec = 300'000;
+  EXPECT_EQ(LevelAfterMembershipChange(state, settings, 4, 3), 300'000u);
+  // A fresh key: an equal split.
+  EXPECT_EQ(LevelAfterMembershipChange(BudgetState(), settings, 0, 1),
+            400'000u);
+}
+
+TEST(BudgetTest, AFreshOrIdleKeyStartsAfresh) {
+  const BudgetSettings settings{512000, DefaultBurstBytes(512000)};
+  BudgetState state =
+      BudgetTick(BudgetState(), {5'000'000'000, 1000, 2}, settings);
+  EXPECT_EQ(state.level_bytes_per_sec, 256000u);
+  EXPECT_EQ(state.balance_bytes, 0);
+  // After a gap of more than a second the old balance means nothing.
+  state.balance_bytes = -100000;
+  state = BudgetTick(state, {8'000'000'000, 5000, 4}, settings);
+  EXPECT_EQ(state.balance_bytes, 0);
+  EXPECT_EQ(state.level_bytes_per_sec, 128000u);
+}
+
+TEST(BudgetTest, LevelWorthApplyingIgnoresSmallChanges) {
+  EXPECT_TRUE(LevelWorthApplying(0, 100));
+  EXPECT_FALSE(LevelWorthApplying(100'000, 103'000));
+  EXPECT_TRUE(LevelWorthApplying(100'000, 105'000));
+  EXPECT_TRUE(LevelWorthApplying(100'000, 95'000));
+}
+
+TEST(BudgetTest, DefaultBurstIsFiftyMillisecondsOfTheRate) {
+  EXPECT_EQ(DefaultBurstBytes(20 << 20), uint64_t{1} << 20);
+  EXPECT_EQ(DefaultBurstBytes(1000), 16u * 1024);
+}
+
+}  // namespace
+}  // namespace trafficrate
