@@ -82,6 +82,7 @@ def nginx2_sndbuf(servers, env, sndbuf):
     return server, workers
 
 
+# wait_key_count, placed_ports and owners are test_dynamics.py's.
 def wait_key_count(zone, key, connections, timeout):
     """Poll stat until the key has `connections` connections; returns
     (seconds waited or None on timeout, last key entry)."""
@@ -114,7 +115,8 @@ def owners(dset):
 
 
 def key_entry(zone, key=CLIENT):
-    """(key entry of stat --json or None, that key's connections)."""
+    """(the key's entry in stat --json or None, its connections, the whole
+    document)."""
     doc = harness.stat_json(zone)
     entry = next((k for k in doc["keys"] if k["key"] == key), None)
     return entry, [c for c in doc["connections"] if c["key"] == key], doc
