@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 
 #include <algorithm>
@@ -47,6 +49,16 @@ int64_t Unsent(int fd) {
   int unsent = 0;
   if (ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return -1;
   return unsent;
+}
+
+// Whether the client has not closed its end: only then will the kernel
+// really send what is queued. A download client that hung up (the server's
+// close follows its FIN or RST) gets none of it.
+bool PeerStillReading(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof(info);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+  return info.tcpi_state == TCP_ESTABLISHED;
 }
 
 }  // namespace
@@ -151,7 +163,7 @@ bool Governor::KeepDraining(int fd, uint64_t state) {
     return false;
   }
   const int64_t unsent = Unsent(fd);
-  if (unsent <= 0) return false;
+  if (unsent <= 0 || !PeerStillReading(fd)) return false;
   const uint64_t packed = uint64_t{index} << 32 | StateCookie(state);
   int slot = 0;
   for (; slot < kDrainSlots; ++slot) {

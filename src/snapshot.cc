@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "src/clock.h"
+#include "src/key_budget.h"
 #include "src/share.h"
 #include "src/zone.h"
 
@@ -49,6 +50,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   snap.conn_capacity = zone.conn_capacity();
   snap.proc_capacity = zone.proc_capacity();
   snap.rate_bytes_per_sec = h.rate_bytes_per_sec.load();
+  snap.share_mode = zone.share_mode();
+  snap.burst_bytes = zone.burst_bytes();
   snap.table_full = h.table_full.load();
   snap.lock_repairs = h.lock_repairs.load();
   snap.procs_reaped = h.procs_reaped.load();
@@ -69,6 +72,16 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     row.connections = k.refs.load();
     row.share_bytes_per_sec =
         ShareBytesPerSec(snap.rate_bytes_per_sec, row.active);
+    if (snap.share_mode == ShareMode::kBudget) {
+      const BudgetState budget = LoadBudget(k);
+      row.measured_bytes_per_sec = budget.measured_bytes_per_sec;
+      row.level_bytes_per_sec =
+          std::min(budget.level_bytes_per_sec, snap.rate_bytes_per_sec);
+      row.debt_bytes = BudgetDebtBytes(budget);
+      if (row.level_bytes_per_sec > 0) {
+        row.share_bytes_per_sec = row.level_bytes_per_sec;
+      }
+    }
     row.bytes_sent = k.bytes_closed.load();
     row.connections_served = k.connections_served.load();
     row.last_active_ns = k.last_active_ns.load();
@@ -102,6 +115,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     row.fd = c.fd.load();
     row.active = c.active.load() != 0;
     row.share_bytes_per_sec = c.share_bytes_per_sec.load();
+    row.draining = c.drain_bytes.load() != 0;
     row.bytes_sent = c.bytes_sent.load();
     snap.connections.push_back(std::move(row));
   }

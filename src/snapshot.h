@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/budget.h"
 #include "src/key.h"
 
 namespace trafficrate {
@@ -24,10 +25,18 @@ namespace trafficrate {
 class Zone;
 
 struct KeySnapshot {
-  std::string key;                   // FormatConnKey under the zone's key spec
-  uint32_t active = 0;               // sending connections
-  uint32_t connections = 0;          // registered connections (sending or idle)
-  uint64_t share_bytes_per_sec = 0;  // max(1, rate / active)
+  std::string key;           // FormatConnKey under the zone's key spec
+  uint32_t active = 0;       // sending connections
+  uint32_t connections = 0;  // registered connections (sending or idle)
+  // What each sending connection may send: max(1, rate / active) in equal
+  // mode, the level in budget mode.
+  uint64_t share_bytes_per_sec = 0;
+  // Budget mode (0 in equal mode): the key's rate of bytes that left its
+  // sockets, smoothed over ~1 s; the per-connection cap in force; bytes
+  // sent over the budget, still to be repaid.
+  uint64_t measured_bytes_per_sec = 0;
+  uint64_t level_bytes_per_sec = 0;
+  uint64_t debt_bytes = 0;
   uint64_t bytes_sent = 0;  // live connections plus those already closed
   uint64_t connections_served = 0;  // registered since the key was inserted
   // CLOCK_MONOTONIC when the key last had a connection join, leave or close;
@@ -42,6 +51,7 @@ struct ConnSnapshot {
   int32_t pid = 0;   // owning process
   int32_t fd = -1;   // fd number in that process
   bool active = false;
+  bool draining = false;  // closed, its unsent data still counted (budget)
   uint64_t share_bytes_per_sec = 0;  // pacing last applied
   uint64_t bytes_sent = 0;
 };
@@ -57,6 +67,8 @@ struct ZoneSnapshot {
   std::string name;
   uint64_t size_bytes = 0;
   uint64_t rate_bytes_per_sec = 0;
+  ShareMode share_mode = ShareMode::kEqual;
+  uint64_t burst_bytes = 0;  // in force (budget mode)
   KeySpec key_spec;
   uint32_t key_capacity = 0;
   uint32_t conn_capacity = 0;

@@ -44,7 +44,8 @@ constexpr ConfigOption kConfigOptions[] = {
     {"--zone", kEnvZone},   {"--zone-size", kEnvZoneSize},
     {"--idle", kEnvIdle},   {"--log", kEnvLog},
     {"--ports", kEnvPorts}, {"--exempt", kEnvExempt},
-    {"--after", kEnvAfter},
+    {"--after", kEnvAfter}, {"--share", kEnvShare},
+    {"--burst", kEnvBurst},
 };
 
 }  // namespace

@@ -25,10 +25,11 @@ namespace trafficrate {
 namespace {
 
 constexpr OptionSpec kConfigSpecs[] = {
-    {"--rate", true},      {"--key", true},     {"--zone", true},
-    {"--zone-size", true}, {"--idle", true},    {"--log", true},
-    {"--ports", true},     {"--exempt", true},  {"--after", true},
-    {"--strict", false},   {"--library", true},
+    {"--rate", true},      {"--key", true},    {"--zone", true},
+    {"--zone-size", true}, {"--idle", true},   {"--log", true},
+    {"--ports", true},     {"--exempt", true}, {"--after", true},
+    {"--share", true},     {"--burst", true},  {"--strict", false},
+    {"--library", true},
 };
 
 constexpr char kConfigOptionsHelp[] =
@@ -46,6 +47,12 @@ constexpr char kConfigOptionsHelp[] =
                   (TRAFFICRATE_EXEMPT)
   --after N       bytes each connection sends before pacing starts, e.g.
                   1m (TRAFFICRATE_AFTER)
+  --share M       equal: rate/active per sending connection, always (the
+                  default); budget: a shared byte budget per client, measured
+                  across processes, no cap while the client is under its rate
+                  (TRAFFICRATE_SHARE)
+  --burst N       budget mode: unused allowance a client may bank, e.g. 64k
+                  (TRAFFICRATE_BURST, default 50 ms of the rate, >= 16k)
   --strict        a bad configuration stops the server at start-up
                   (TRAFFICRATE_STRICT=1)
 )";
@@ -317,6 +324,24 @@ int CheckCommand(const std::vector<std::string>& raw) {
                         "  idle    a connection that sends nothing for %s "
                         "stops taking a share\n",
                         FormatDurationNs(config->idle_ns));
+  absl::StrAppendFormat(
+      &out, "  share   %s\n",
+      config->share == ShareMode::kEqual
+          ? "equal: each sending connection gets rate / active, always "
+            "(TRAFFICRATE_SHARE=equal)"
+          : "budget: a shared byte budget per key, measured across "
+            "processes; no cap while the key is clearly under its rate, "
+            "max-min fair levels near it, debts repaid "
+            "(TRAFFICRATE_SHARE=budget)");
+  if (config->share == ShareMode::kBudget) {
+    const uint64_t burst = config->burst_bytes != 0
+                               ? config->burst_bytes
+                               : DefaultBurstBytes(config->rate_bytes_per_sec);
+    absl::StrAppendFormat(
+        &out, "  burst   %s (%u bytes) a key may bank while under its rate%s\n",
+        HumanBytes(burst), burst,
+        config->burst_bytes != 0 ? "" : " (default: 50 ms of the rate)");
+  }
   absl::StrAppendFormat(&out, "  log     %s\n", LogInWords(*config));
   absl::StrAppendFormat(
       &out, "  strict  %s\n",

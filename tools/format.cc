@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/clock.h"
+#include "src/config.h"
 #include "src/zone.h"
 
 namespace trafficrate {
@@ -119,6 +120,13 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
       s.name, HumanRate(s.rate_bytes_per_sec), DescribeKeySpec(s.key_spec),
       s.keys.size(), s.key_capacity, s.connections.size(), s.conn_capacity,
       ActiveConnections(s), LiveProcesses(s));
+  absl::StrAppendFormat(
+      &out, "%s\n",
+      s.share_mode == ShareMode::kBudget
+          ? absl::StrCat("shared budget (TRAFFICRATE_SHARE=budget), burst ",
+                         HumanBytes(s.burst_bytes))
+          : std::string(
+                "equal shares, rate / active (TRAFFICRATE_SHARE=equal)"));
   absl::StrAppendFormat(&out,
                         "dead processes reaped %u (%u connections), table "
                         "full %u times, lock repairs %u\n",
@@ -126,15 +134,21 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
                         s.lock_repairs);
   const std::vector<KeySnapshot> keys = SelectKeys(s, options);
   if (keys.empty()) return out + "\nno clients\n";
-  absl::StrAppendFormat(&out, "\n%-39s %6s %6s %12s %10s %7s  %s\n", "CLIENT",
-                        "ACTIVE", "CONNS", "SHARE/CONN", "SENT", "SERVED",
-                        "LAST ACTIVE");
+  absl::StrAppendFormat(&out,
+                        "\n%-39s %6s %6s %12s %12s %12s %10s %10s %7s  %s\n",
+                        "CLIENT", "ACTIVE", "CONNS", "SHARE/CONN", "MEASURED",
+                        "LEVEL", "DEBT", "SENT", "SERVED", "LAST ACTIVE");
+  const bool budget = s.share_mode == ShareMode::kBudget;
   for (const KeySnapshot& k : keys) {
     const double idle = IdleSeconds(k, s.taken_ns);
     absl::StrAppendFormat(
-        &out, "%-39s %6u %6u %12s %10s %7u  %s\n", k.key, k.active,
-        k.connections, HumanRate(k.share_bytes_per_sec),
-        HumanBytes(k.bytes_sent), k.connections_served,
+        &out, "%-39s %6u %6u %12s %12s %12s %10s %10s %7u  %s\n", k.key,
+        k.active, k.connections, HumanRate(k.share_bytes_per_sec),
+        budget ? HumanRate(k.measured_bytes_per_sec) : "-",
+        budget && k.level_bytes_per_sec > 0 ? HumanRate(k.level_bytes_per_sec)
+                                            : "-",
+        budget ? HumanBytes(k.debt_bytes) : "-", HumanBytes(k.bytes_sent),
+        k.connections_served,
         k.active > 0 ? "now"
                      : HumanAgo(static_cast<int64_t>(idle * kNsPerSec)));
   }
@@ -147,6 +161,7 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
 std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
   std::string out = absl::StrFormat(
       "{\"zone\": %s, \"size\": %u, \"rate\": %u, \"key\": %s,\n"
+      " \"share_mode\": %s, \"burst\": %u,\n"
       " \"capacity\": {\"keys\": %u, \"connections\": %u, \"processes\": "
       "%u},\n"
       " \"used\": {\"keys\": %u, \"connections\": %u, \"active\": %u, "
@@ -155,18 +170,20 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
       "\"processes_reaped\": %u, \"connections_reaped\": %u},\n"
       " \"keys\": [",
       JsonString(s.name), s.size_bytes, s.rate_bytes_per_sec,
-      JsonString(DescribeKeySpec(s.key_spec)), s.key_capacity, s.conn_capacity,
-      s.proc_capacity, s.keys.size(), s.connections.size(),
-      ActiveConnections(s), LiveProcesses(s), s.table_full, s.lock_repairs,
-      s.procs_reaped, s.conns_reaped);
+      JsonString(DescribeKeySpec(s.key_spec)),
+      JsonString(std::string(ShareModeName(s.share_mode))), s.burst_bytes,
+      s.key_capacity, s.conn_capacity, s.proc_capacity, s.keys.size(),
+      s.connections.size(), ActiveConnections(s), LiveProcesses(s),
+      s.table_full, s.lock_repairs, s.procs_reaped, s.conns_reaped);
   const char* sep = "";
   for (const KeySnapshot& k : SelectKeys(s, options)) {
     absl::StrAppendFormat(
         &out,
         "%s\n  {\"key\": %s, \"active\": %u, \"connections\": %u, "
-        "\"share\": %u, \"bytes\": %u, \"served\": %u, \"idle_seconds\": "
-        "%.3f}",
+        "\"share\": %u, \"measured\": %u, \"level\": %u, \"debt\": %u, "
+        "\"bytes\": %u, \"served\": %u, \"idle_seconds\": %.3f}",
         sep, JsonString(k.key), k.active, k.connections, k.share_bytes_per_sec,
+        k.measured_bytes_per_sec, k.level_bytes_per_sec, k.debt_bytes,
         k.bytes_sent, k.connections_served, IdleSeconds(k, s.taken_ns));
     sep = ",";
   }
@@ -184,9 +201,10 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
     absl::StrAppendFormat(
         &out,
         "%s\n  {\"key\": %s, \"peer\": %s, \"pid\": %d, \"fd\": %d, "
-        "\"active\": %s, \"share\": %u, \"bytes\": %u}",
+        "\"active\": %s, \"draining\": %s, \"share\": %u, \"bytes\": %u}",
         sep, JsonString(c.key), JsonString(c.peer), c.pid, c.fd,
-        c.active ? "true" : "false", c.share_bytes_per_sec, c.bytes_sent);
+        c.active ? "true" : "false", c.draining ? "true" : "false",
+        c.share_bytes_per_sec, c.bytes_sent);
     sep = ",";
   }
   absl::StrAppend(&out, "]}\n");
@@ -272,6 +290,23 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
              [](const KeySnapshot& k) {
                return static_cast<double>(k.share_bytes_per_sec);
              });
+  key_metric({"trafficrate_key_measured_bytes_per_second", "gauge",
+              "Rate of the key's bytes that left its sockets, over ~1 s "
+              "(budget mode; 0 in equal mode)."},
+             [](const KeySnapshot& k) {
+               return static_cast<double>(k.measured_bytes_per_sec);
+             });
+  key_metric({"trafficrate_key_level_bytes_per_second", "gauge",
+              "Pacing cap in force for each sending connection of the key "
+              "(budget mode; 0 in equal mode)."},
+             [](const KeySnapshot& k) {
+               return static_cast<double>(k.level_bytes_per_sec);
+             });
+  key_metric(
+      {"trafficrate_key_debt_bytes", "gauge",
+       "Bytes the key sent over its budget, still to be repaid "
+       "(budget mode)."},
+      [](const KeySnapshot& k) { return static_cast<double>(k.debt_bytes); });
   key_metric(
       {"trafficrate_key_sent_bytes_total", "counter",
        "Bytes the server handed to the kernel for the key."},

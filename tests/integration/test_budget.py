@@ -321,6 +321,12 @@ def test_a_closed_connection_still_draining_keeps_its_place(servers, lib_env, zo
 
 # --------------------------------------------------- 4. many connections
 
+# Known failure of the opt-in budget mode, kept strict so that a fix shows:
+# with 16 and 64 connections the level rises while the measured (departed)
+# bytes lag what the sockets hold, connections end up paced unequally
+# (Jain 0.43 at 16) and the client total falls to 0.7-0.9x. Issue 7 is open.
+@pytest.mark.xfail(strict=True, reason="budget mode: many connections per key "
+                   "not yet fair (issue 7, open)")
 @pytest.mark.parametrize("n, tolerance", [(16, 0.05), (64, 0.08)], ids=["16", "64"])
 def test_many_connections_of_one_client_share_the_rate_fairly(servers, lib_env, zone,
                                                               n, tolerance):
@@ -537,7 +543,8 @@ def test_check_prints_the_share_mode(cli):
     cp = harness.run_cli("check", "--rate", "500k")
     assert cp.returncode == 0, cp.stderr
     lines = share_lines(cp.stdout)
-    assert len(lines) == 1 and "budget" in lines[0], cp.stdout  # the default
+    # The default stays equal until the budget meets its targets (issue 7).
+    assert len(lines) == 1 and "equal" in lines[0], cp.stdout
     for args, env in ((["--share", "equal"], None), ([], {"TRAFFICRATE_SHARE": "equal"}),
                       (["--share", "budget"], {"TRAFFICRATE_SHARE": "equal"})):
         cp = harness.run_cli("check", "--rate", "500k", *args, env=env)
