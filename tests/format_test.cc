@@ -139,10 +139,12 @@ TEST(FormatStatJsonTest, ExactFigures) {
   const std::string out = FormatStatJson(SampleSnapshot(), {});
   EXPECT_THAT(out, HasSubstr("\"zone\": \"web\""));
   EXPECT_THAT(out, HasSubstr("\"rate\": 512000"));
+  EXPECT_THAT(out, HasSubstr("\"share_mode\": \"equal\""));
   EXPECT_THAT(out, HasSubstr("\"used\": {\"keys\": 2, \"connections\": 1, "
                              "\"active\": 1, \"processes\": 1}"));
   EXPECT_THAT(out, HasSubstr("{\"key\": \"127.0.0.2\", \"active\": 4, "
                              "\"connections\": 4, \"share\": 128000, "
+                             "\"measured\": 0, \"level\": 0, \"debt\": 0, "
                              "\"bytes\": 5000000, \"served\": 9, "
                              "\"idle_seconds\": 0.000}"));
   EXPECT_THAT(out, HasSubstr("\"idle_seconds\": 12.000"));
