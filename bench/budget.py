@@ -86,6 +86,17 @@ def git(*args):
         return ""
 
 
+def build_source(lib):
+    """The source tree the library's build directory was configured from."""
+    try:
+        for line in (lib.parent / "CMakeCache.txt").read_text().splitlines():
+            if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                return os.path.realpath(line.split("=", 1)[1])
+    except OSError:
+        pass
+    return None
+
+
 def results_path(args, commit):
     if args.out:
         return Path(args.out)
@@ -135,11 +146,17 @@ def main(argv):
     commit = git("rev-parse", "--short", "HEAD").strip()
     dirty = [line for line in git("status", "--porcelain", "--untracked-files=no")
              .splitlines() if line]
+    source = build_source(lib)
+    foreign = source is not None and source != os.path.realpath(REPO_ROOT)
+    if foreign:
+        # The commit and modified files below are this tree's, not the build's.
+        commit = "ext-" + (commit or "nogit")
     out_path = results_path(args, commit)
     started = time.monotonic()
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "commit": commit, "modified_files": dirty, "quick": args.quick,
-            "library": str(lib), "library_mtime": datetime.datetime.fromtimestamp(
+            "library": str(lib), "library_source": source,
+            "library_mtime": datetime.datetime.fromtimestamp(
                 lib.stat().st_mtime).isoformat(timespec="seconds"),
             "kernel": platform.release(), "cpus": os.cpu_count(),
             "loadavg_start": os.getloadavg(), "nofile": hard,
@@ -147,6 +164,8 @@ def main(argv):
     log("trafficrate shared-budget benchmark: %s%s, library %s, commit %s%s" % (
         ",".join(args.scenarios), " (quick)" if args.quick else "", lib, commit,
         " + %d modified files" % len(dirty) if dirty else ""))
+    if foreign:
+        log("NOTE: the library was built from %s, not from this tree" % source)
     results = {"meta": meta, "runs": {}}
     bench = benchlib.Bench(quick=args.quick)
     old_tso = harness.sysctl(TSO_SYSCTL)
