@@ -59,11 +59,22 @@ fi
 export TRAFFICRATE_BUILD_DIR=$build_dir
 echo "== build: $build_dir"
 
+status=0
+# convergence_bench waits up to 2 s for each change that does not converge:
+# bound each run, report a failure and go on with the rest.
+convergence() {
+  local rc=0
+  timeout 120 "$build_dir/convergence_bench" --changes 1000 "$@" || rc=$?
+  if ((rc != 0)); then
+    echo "bench.sh: convergence_bench $* failed (rc $rc$( ((rc == 124)) && echo ', stopped after 120 s'))" >&2
+    status=1
+  fi
+}
 if selected convergence; then
   echo "== convergence, changes back to back (coalescing worst case)"
-  "$build_dir/convergence_bench" --changes 1000 --gap-ms 0
+  convergence --gap-ms 0
   echo "== convergence, changes 5 ms apart"
-  "$build_dir/convergence_bench" --changes 1000 --gap-ms 5
+  convergence --gap-ms 5
 fi
 
 if budget_selected; then
@@ -71,5 +82,6 @@ if budget_selected; then
   # Everything of it in one private namespace: lo at MTU 1500, the sysctl
   # net.ipv4.tcp_tso_rtt_log changed there only.
   unshare -n sh -c 'ip link set lo up mtu 1500 && exec /usr/bin/python3 "$0" "$@"' \
-    "$TRAFFICRATE_ROOT/bench/budget.py" "${budget_args[@]}"
+    "$TRAFFICRATE_ROOT/bench/budget.py" "${budget_args[@]}" || status=$?
 fi
+exit $status
