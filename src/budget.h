@@ -37,10 +37,11 @@
 
 namespace trafficrate {
 
-// How connections of a key share its rate (TRAFFICRATE_SHARE).
+// How connections of a key share its rate (TRAFFICRATE_SHARE). Stored in
+// the zone header: 0, what a fresh zone holds, is the default mode.
 enum class ShareMode : uint32_t {
-  kBudget = 0,  // this controller
-  kEqual = 1,   // max(1, rate / active) per connection, always
+  kEqual = 0,   // max(1, rate / active) per connection, always
+  kBudget = 1,  // this controller
 };
 
 inline constexpr int64_t kBudgetTickNs = 20'000'000;      // 20 ms

@@ -711,9 +711,9 @@ void Zone::SetShare(ShareMode mode, uint64_t burst_bytes) {
 
 ShareMode Zone::share_mode() const {
   return header_->share_mode.load(std::memory_order_relaxed) ==
-                 static_cast<uint32_t>(ShareMode::kEqual)
-             ? ShareMode::kEqual
-             : ShareMode::kBudget;
+                 static_cast<uint32_t>(ShareMode::kBudget)
+             ? ShareMode::kBudget
+             : ShareMode::kEqual;
 }
 
 uint64_t Zone::burst_bytes() const {
