@@ -106,9 +106,7 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       table_(table),
       logger_(logger),
       options_(options),
-      watcher_(this, zone, logger,
-               WatcherTiming{options.idle_ns, options.coalesce_ns,
-                             options.reap_interval_ns}),
+      watcher_(this, zone, logger, options),
       pid_(static_cast<int32_t>(getpid())) {
   const size_t bytes = sizeof(LocalConn) * zone_->conn_capacity();
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,

@@ -39,7 +39,9 @@
 
 namespace trafficrate {
 
-struct GovernorOptions {
+// The watcher's timing (idle_ns: TRAFFICRATE_IDLE, coalesce_ns,
+// reap_interval_ns) is part of the Governor's options.
+struct GovernorOptions : WatcherTiming {
   KeySpec key;
   // TRAFFICRATE_PORTS and TRAFFICRATE_EXEMPT, decided once per connection at
   // accept: a connection they leave out is never registered.
@@ -47,9 +49,6 @@ struct GovernorOptions {
   // TRAFFICRATE_AFTER: a connection joins its key (takes a share, is paced)
   // only once it has sent this many bytes.
   uint64_t after_bytes = 0;
-  int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
-  int64_t coalesce_ns = 2'000'000;  // minimum gap between share scans
-  int64_t reap_interval_ns = 250'000'000;
 };
 
 class Governor {

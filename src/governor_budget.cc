@@ -34,6 +34,11 @@ int64_t MeasureGapNs(uint64_t pacing_bytes_per_sec) {
                              kMaxMeasureGapNs);
 }
 
+// Of `handed` bytes, how many have left the socket with `unsent` queued.
+uint64_t LeftOf(uint64_t handed, int64_t unsent) {
+  return handed > static_cast<uint64_t>(unsent) ? handed - unsent : 0;
+}
+
 // Adds what left conn's socket since it was last counted to its key.
 void Account(Zone& zone, ConnSlotShm& conn, uint64_t left) {
   const uint64_t before = conn.bytes_left.load(std::memory_order_relaxed);
@@ -74,10 +79,8 @@ uint64_t Governor::ShareFor(const KeySlotShm& key) const {
   if (zone_->share_mode() == ShareMode::kEqual) {
     return ShareBytesPerSec(rate, active);
   }
-  const uint64_t level =
-      key.level_bytes_per_sec.load(std::memory_order_relaxed);
-  if (level == 0) return ShareBytesPerSec(rate, active);
-  return std::max<uint64_t>(1, std::min(level, rate));
+  return LevelInForce(key.level_bytes_per_sec.load(std::memory_order_relaxed),
+                      rate, active);
 }
 
 void Governor::TickBudget(int64_t now_ns) {
@@ -114,8 +117,7 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   const int64_t unsent = Unsent(fd);
   FdTable::Unpin(entry);
   if (unsent < 0) return;
-  const uint64_t left =
-      handed > static_cast<uint64_t>(unsent) ? handed - unsent : 0;
+  const uint64_t left = LeftOf(handed, unsent);
   if (options_.after_bytes > 0 &&
       conn.bytes_left.load(std::memory_order_relaxed) == 0) {
     // TRAFFICRATE_AFTER: what a connection sent before it joined is free.
@@ -179,9 +181,8 @@ bool Governor::KeepDraining(int fd, uint64_t state) {
     drains_[slot].store(0, std::memory_order_release);
     return true;
   }
-  const uint64_t handed = conn.bytes_sent.load(std::memory_order_relaxed);
   Account(*zone_, conn,
-          handed > static_cast<uint64_t>(unsent) ? handed - unsent : 0);
+          LeftOf(conn.bytes_sent.load(std::memory_order_relaxed), unsent));
   conn.drain_bytes.store(static_cast<uint64_t>(unsent),
                          std::memory_order_relaxed);
   // While draining, next_measure_ns holds when the drain began.

@@ -12,10 +12,12 @@
 #ifndef TRAFFICRATE_SRC_KEY_BUDGET_H_
 #define TRAFFICRATE_SRC_KEY_BUDGET_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
 #include "src/budget.h"
+#include "src/share.h"
 #include "src/zone_layout.h"
 
 namespace trafficrate {
@@ -63,6 +65,17 @@ inline void StoreBudget(KeySlotShm& key, const BudgetState& s) {
   key.measured_bytes_per_sec.store(s.measured_bytes_per_sec,
                                    std::memory_order_relaxed);
   key.boost.store(s.boost, std::memory_order_relaxed);
+}
+
+// The pacing rate of each sending connection of a key in budget mode: its
+// level, at most the rate; before the key has a level, an equal split.
+inline uint64_t LevelInForce(uint64_t level_bytes_per_sec,
+                             uint64_t rate_bytes_per_sec, uint32_t active) {
+  if (level_bytes_per_sec == 0) {
+    return ShareBytesPerSec(rate_bytes_per_sec, active);
+  }
+  return std::max<uint64_t>(1,
+                            std::min(level_bytes_per_sec, rate_bytes_per_sec));
 }
 
 }  // namespace trafficrate

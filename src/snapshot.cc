@@ -78,9 +78,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
       row.level_bytes_per_sec =
           std::min(budget.level_bytes_per_sec, snap.rate_bytes_per_sec);
       row.debt_bytes = BudgetDebtBytes(budget);
-      if (row.level_bytes_per_sec > 0) {
-        row.share_bytes_per_sec = row.level_bytes_per_sec;
-      }
+      row.share_bytes_per_sec = LevelInForce(
+          budget.level_bytes_per_sec, snap.rate_bytes_per_sec, row.active);
     }
     row.bytes_sent = k.bytes_closed.load();
     row.connections_served = k.connections_served.load();

@@ -381,12 +381,7 @@ uint32_t Zone::FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns) {
   k.connections_served.store(0, std::memory_order_relaxed);
   k.sent_bytes.store(0, std::memory_order_relaxed);
   k.lease.store(0, std::memory_order_relaxed);
-  k.budget_last_ns.store(0, std::memory_order_relaxed);
-  k.budget_sent_bytes.store(0, std::memory_order_relaxed);
-  k.balance_bytes.store(0, std::memory_order_relaxed);
-  k.level_bytes_per_sec.store(0, std::memory_order_relaxed);
-  k.measured_bytes_per_sec.store(0, std::memory_order_relaxed);
-  k.boost.store(0, std::memory_order_relaxed);
+  StoreBudget(k, BudgetState());
   const uint32_t bucket = BucketOf(key_bytes);
   k.next = buckets_[bucket];
   k.in_use.store(1, std::memory_order_release);
