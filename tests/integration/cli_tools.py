@@ -1,12 +1,17 @@
 """The trafficrate CLI for the trafficrate integration tests (part of
 harness.py): run_cli() runs build/trafficrate with a clean environment,
-stat_json() parses `trafficrate stat --json`, key_stat() picks one key.
+stat_json() parses `trafficrate stat --json`, key_stat() picks one key,
+wait_key_count() polls it, placed_ports() picks client ports served by
+chosen workers once their probes have left the zone.
 
 Standard library only; import it through harness (`import harness`).
 """
 
 import json
 import subprocess
+import time
+
+from clients import ports_by_worker
 
 from netns_env import cli_path, server_environment
 
@@ -34,3 +39,26 @@ def stat_json(zone, timeout=10.0):
         raise RuntimeError("trafficrate stat failed (%d): %s"
                            % (cp.returncode, cp.stderr.strip()))
     return json.loads(cp.stdout)
+
+
+def wait_key_count(zone, key, connections, timeout):
+    """Poll stat until the key has `connections` connections; returns
+    (seconds waited or None on timeout, last key entry)."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    while True:
+        entry = key_stat(zone, key)
+        if entry["connections"] == connections:
+            return time.monotonic() - t0, entry
+        if time.monotonic() >= deadline:
+            return None, entry
+        time.sleep(0.02)
+
+
+def placed_ports(server, zone, source, wanted):
+    """ports_by_worker(), then wait until the probes' connections are gone
+    from the zone (they register on accept, never send)."""
+    ports = ports_by_worker(server.port, source, wanted)
+    waited, entry = wait_key_count(zone, source, 0, 5.0)
+    assert waited is not None, "probe connections still counted: %s" % entry
+    return ports

@@ -34,9 +34,12 @@ from procs import wait_for
 
 # ---------------------------------------------------------------- HTTP client
 
-def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0):
+def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
+             rcvbuf=None):
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        if rcvbuf is not None:  # before connect, so the window is sized by it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.settimeout(timeout)
         if source or source_port:
             if source_port:
@@ -195,9 +198,12 @@ class Download(threading.Thread):
         self.times.append(now)
         self.totals.append(self.total)
 
+    def _connect(self):
+        return _connect(self.port, self.source, self.host,
+                        source_port=self.source_port)
+
     def _one_request(self):
-        with _connect(self.port, self.source, self.host,
-                      source_port=self.source_port) as sock:
+        with self._connect() as sock:
             now = time.monotonic()
             if self.connected_at is None:
                 self.connected_at = now
@@ -208,24 +214,27 @@ class Download(threading.Thread):
             self.status, _, body = _read_head(sock, time.monotonic() + 10.0)
             if self.status != 200:
                 raise RuntimeError("HTTP status %d" % self.status)
-            buf = bytearray(self.RECV_SIZE)
             if body:
                 self.total += len(body)
                 self._note(time.monotonic())
-            while self._running():
-                try:
-                    n = sock.recv_into(buf)
-                except socket.timeout:
-                    continue
-                now = time.monotonic()
-                if n == 0:
-                    self.eof = True
-                    return
-                if self.first_byte_at is None:
-                    self.first_byte_at = now
-                self.total += n
-                self.times.append(now)
-                self.totals.append(self.total)
+            self._read_body(sock)
+
+    def _read_body(self, sock):
+        buf = bytearray(self.RECV_SIZE)
+        while self._running():
+            try:
+                n = sock.recv_into(buf)
+            except socket.timeout:
+                continue
+            now = time.monotonic()
+            if n == 0:
+                self.eof = True
+                return
+            if self.first_byte_at is None:
+                self.first_byte_at = now
+            self.total += n
+            self.times.append(now)
+            self.totals.append(self.total)
 
     def bytes_at(self, t):
         """Body bytes received by monotonic time t (as last seen by recv)."""
@@ -356,6 +365,13 @@ class DownloadSet:
             if pids:
                 self.owners[d.label] = ",".join(str(p) for p in sorted(set(pids)))
         return self.owners
+
+    def pids_by_label(self):
+        """label -> set of pids holding that download's connection now."""
+        self.owners.clear()
+        self.record_owners()
+        return {label: {int(p) for p in pids.split(",")}
+                for label, pids in self.owners.items()}
 
     def errors(self):
         return ["%s: %s" % (d.label, d.error) for d in self.downloads if d.error]
@@ -510,58 +526,33 @@ class PacedDownload(Download):
         super().__init__(port, source, **kw)
         self.read_rate, self.rcvbuf = read_rate, rcvbuf
 
-    def _open(self):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
-            sock.settimeout(5.0)
-            if self.source or self.source_port:
-                if self.source_port:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((self.source or "0.0.0.0", self.source_port))
-            sock.connect((self.host, self.port))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
+    def _connect(self):
+        return _connect(self.port, self.source, self.host,
+                        source_port=self.source_port, rcvbuf=self.rcvbuf)
 
-    def _one_request(self):
-        with self._open() as sock:
+    def _read_body(self, sock):
+        buf = bytearray(self.READ_CHUNK * 2)
+        credit, last = 0.0, time.monotonic()
+        while self._running():
             now = time.monotonic()
-            if self.connected_at is None:
-                self.connected_at = now
-            self.local_port = sock.getsockname()[1]
+            credit = min(credit + (now - last) * self.read_rate, 2.0 * self.READ_CHUNK)
+            last = now
+            if credit < self.READ_CHUNK:
+                self._stop_event.wait((self.READ_CHUNK - credit) / self.read_rate)
+                continue
+            try:
+                n = sock.recv_into(buf, int(credit))
+            except socket.timeout:
+                continue
+            now = time.monotonic()
+            if n == 0:
+                self.eof = True
+                return
+            if self.first_byte_at is None:
+                self.first_byte_at = now
+            credit -= n
+            self.total += n
             self._note(now)
-            sock.settimeout(self.recv_timeout)
-            sock.sendall(_request(self.path, self.host, self.port, keepalive=False))
-            self.status, _, body = _read_head(sock, time.monotonic() + 10.0)
-            if self.status != 200:
-                raise RuntimeError("HTTP status %d" % self.status)
-            if body:
-                self.total += len(body)
-                self._note(time.monotonic())
-            buf = bytearray(self.READ_CHUNK * 2)
-            credit, last = 0.0, time.monotonic()
-            while self._running():
-                now = time.monotonic()
-                credit = min(credit + (now - last) * self.read_rate, 2.0 * self.READ_CHUNK)
-                last = now
-                if credit < self.READ_CHUNK:
-                    self._stop_event.wait((self.READ_CHUNK - credit) / self.read_rate)
-                    continue
-                try:
-                    n = sock.recv_into(buf, int(credit))
-                except socket.timeout:
-                    continue
-                now = time.monotonic()
-                if n == 0:
-                    self.eof = True
-                    return
-                if self.first_byte_at is None:
-                    self.first_byte_at = now
-                credit -= n
-                self.total += n
-                self._note(now)
 
 
 class _Fetch:

@@ -22,7 +22,8 @@ the code lives in sibling modules and is re-exported here:
     rates over a window, open_keepalive() for idle keep-alive connections;
     socket_owners() (which pid holds which TCP connection, via ss) and
     ports_by_worker().
-  * cli_tools.py: run_cli(), stat_json(), key_stat().
+  * cli_tools.py: run_cli(), stat_json(), key_stat(), wait_key_count(),
+    placed_ports().
   * demo.py: the live demo and this file's command line (main()).
 
 Throughput runs must happen in a private network namespace whose loopback has
@@ -33,7 +34,8 @@ MTU 1500 (see DESIGN.md, "Facts measured on these machines"):
 import signal
 import sys
 
-from cli_tools import key_stat, run_cli, stat_json
+from cli_tools import (key_stat, placed_ports, run_cli, stat_json,
+                       wait_key_count)
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
                      Measurement, bucket_rates, established, http_get,
                      keepalive_get, open_keepalive, ports_by_worker,

@@ -82,38 +82,6 @@ def nginx2_sndbuf(servers, env, sndbuf):
     return server, workers
 
 
-# wait_key_count, placed_ports and owners are test_dynamics.py's.
-def wait_key_count(zone, key, connections, timeout):
-    """Poll stat until the key has `connections` connections; returns
-    (seconds waited or None on timeout, last key entry)."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    while True:
-        entry = harness.key_stat(zone, key)
-        if entry["connections"] == connections:
-            return time.monotonic() - t0, entry
-        if time.monotonic() >= deadline:
-            return None, entry
-        time.sleep(0.02)
-
-
-def placed_ports(server, zone, wanted):
-    """ports_by_worker(), then wait until the probes' connections are gone
-    from the zone (they register on accept, never send)."""
-    ports = harness.ports_by_worker(server.port, CLIENT, wanted)
-    waited, entry = wait_key_count(zone, CLIENT, 0, 5.0)
-    assert waited is not None, "probe connections still counted: %s" % entry
-    return ports
-
-
-def owners(dset):
-    """label -> set of pids holding that download's connection (via ss)."""
-    dset.owners.clear()
-    dset.record_owners()
-    return {label: {int(p) for p in pids.split(",")}
-            for label, pids in dset.owners.items()}
-
-
 def key_entry(zone, key=CLIENT):
     """(the key's entry in stat --json or None, its connections, the whole
     document)."""
@@ -145,6 +113,23 @@ def stop_all(*things):
         t.join(max(0.0, deadline - time.monotonic()))
 
 
+def run_window(dset, zone):
+    """Waits until dset's downloads started, then WARMUP_S; notes which pids
+    serve them and the key's stat at that moment; waits out WINDOW_S; stops
+    dset. Returns (t0, t1, pids by label, key_entry() at t0)."""
+    try:
+        started = dset.wait_started(10.0)
+        assert started, dset.errors()
+        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
+        sleep_until(t0)
+        seen = dset.pids_by_label()
+        stat = key_entry(zone)
+        sleep_until(t1 + 0.05)
+    finally:
+        stop_all(dset)
+    return t0, t1, seen, stat
+
+
 def ratio_text(rate, target=TARGET):
     return "%.0f B/s = %.4f x target" % (rate, rate / target)
 
@@ -161,7 +146,7 @@ def test_slow_reader_leaves_its_unused_share_to_its_siblings(servers, lib_env, z
     slow reader's unused share unused: each fast one gets rate/4 (+-10%) and
     the client total stays <= 0.90x (expected ~0.80x)."""
     server, (w0, w1) = nginx2(servers, share_env(lib_env, share))
-    ports = placed_ports(server, zone, {w0: 2, w1: 2})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 2, w1: 2})
     duration = WARMUP_S + WINDOW_S + 1.0
     dset = harness.DownloadSet(server.port, [CLIENT] * 3, duration=duration,
                                source_ports=[ports[w0][1], ports[w1][0], ports[w1][1]])
@@ -170,17 +155,7 @@ def test_slow_reader_leaves_its_unused_share_to_its_siblings(servers, lib_env, z
                          stop_at=dset.stop_at, source_port=ports[w0][0])
     dset.downloads.append(slow)
     dset.start()
-    try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
-        sleep_until(t0)
-        seen = owners(dset)
-        entry, _, _ = key_entry(zone)
-        sleep_until(t1 + 0.05)
-    finally:
-        dset.stop()
-        dset.join(5.0)
+    t0, t1, seen, (entry, _, _) = run_window(dset, zone)
     m = dset.measure(t0, t1, TARGET)
     total = m.source_rate(CLIENT)
     fast = [r for d, r in m.per_download if d is not slow]
@@ -345,16 +320,7 @@ def test_many_connections_of_one_client_share_the_rate_fairly(servers, lib_env, 
     server, _ = nginx2(servers, share_env(lib_env, "budget"))
     dset = harness.DownloadSet(server.port, [CLIENT] * n,
                                duration=WARMUP_S + WINDOW_S + 3.0).start()
-    try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
-        sleep_until(t0)
-        seen = owners(dset)
-        entry, _, _ = key_entry(zone)
-        sleep_until(t1 + 0.05)
-    finally:
-        stop_all(dset)
+    t0, t1, seen, (entry, _, _) = run_window(dset, zone)
     m = dset.measure(t0, t1, TARGET)
     rates = [r for _, r in m.per_download]
     total = m.source_rate(CLIENT)
@@ -477,20 +443,11 @@ def test_equal_share_splits_the_rate_statically(servers, lib_env, zone):
     total within 5% of the rate, each connection within 10% of rate/4, and
     stat shows share rate/4 for the key and each of its connections."""
     server, (w0, w1) = nginx2(servers, share_env(lib_env, "equal"))
-    ports = placed_ports(server, zone, {w0: 2, w1: 2})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 2, w1: 2})
     dset = harness.DownloadSet(server.port, [CLIENT] * 4,
                                duration=WARMUP_S + WINDOW_S + 1.0,
                                source_ports=ports[w0] + ports[w1]).start()
-    try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
-        sleep_until(t0)
-        seen = owners(dset)
-        entry, conns, _ = key_entry(zone)
-        sleep_until(t1 + 0.05)
-    finally:
-        stop_all(dset)
+    t0, t1, seen, (entry, conns, _) = run_window(dset, zone)
     m = dset.measure(t0, t1, TARGET)
     total = m.source_rate(CLIENT)
     report = ("%s, TRAFFICRATE_SHARE=equal, client %s: 4 downloads\n%s\nclient total "
@@ -637,7 +594,7 @@ def test_after_a_leave_every_second_holds_the_rate(servers, lib_env, zone):
     every 1 s window from 6 s to 12 s (from 1 s after the leave) is within
     5% of the rate."""
     server, (w0, w1) = nginx2(servers, share_env(lib_env, "budget"))
-    ports = placed_ports(server, zone, {w0: 4, w1: 4})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 4, w1: 4})
     sports = ports[w0] + ports[w1]
     dset = harness.DownloadSet(server.port, [CLIENT] * 2, duration=12.3,
                                source_ports=[ports[w0][0], ports[w1][0]])
@@ -647,7 +604,7 @@ def test_after_a_leave_every_second_holds_the_rate(servers, lib_env, zone):
     try:
         base = dset.start_at
         sleep_until(base + 3.0)
-        seen = owners(dset)
+        seen = dset.pids_by_label()
         entry8, _, _ = key_entry(zone)
         sleep_until(base + 8.0)
         entry2, _, _ = key_entry(zone)

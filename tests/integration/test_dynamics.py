@@ -53,37 +53,6 @@ def nginx2(servers, env, **kw):
     return server, workers
 
 
-def wait_key_count(zone, key, connections, timeout):
-    """Poll stat until the key has `connections` connections; returns
-    (seconds waited or None on timeout, last key entry)."""
-    t0 = time.monotonic()
-    deadline = t0 + timeout
-    while True:
-        entry = harness.key_stat(zone, key)
-        if entry["connections"] == connections:
-            return time.monotonic() - t0, entry
-        if time.monotonic() >= deadline:
-            return None, entry
-        time.sleep(0.02)
-
-
-def placed_ports(server, zone, wanted):
-    """ports_by_worker(), then wait until the probes' connections are gone
-    from the zone (they register on accept, never send)."""
-    ports = harness.ports_by_worker(server.port, CLIENT, wanted)
-    waited, entry = wait_key_count(zone, CLIENT, 0, 5.0)
-    assert waited is not None, "probe connections still counted: %s" % entry
-    return ports
-
-
-def owners(dset):
-    """label -> set of pids holding that download's connection (via ss)."""
-    dset.owners.clear()
-    dset.record_owners()
-    return {label: {int(p) for p in pids.split(",")}
-            for label, pids in dset.owners.items()}
-
-
 def stat_summary(zone, key=CLIENT):
     """(key entry, {pid: connections of key}, one-line text)."""
     st = harness.stat_json(zone)
@@ -138,7 +107,7 @@ def test_join_and_leave_across_workers_keep_client_total(servers, lib_env, zone)
     """2 downloads; 6 more join at 4 s and leave at 9 s; every 1 s bucket from
     1 s after each change is within 10% of the rate."""
     server, (w0, w1) = nginx2(servers, lib_env(RATE))
-    ports = placed_ports(server, zone, {w0: 4, w1: 4})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 4, w1: 4})
     plan = {}  # label -> planned worker
     dset = harness.DownloadSet(server.port, [CLIENT] * 2, duration=13.2,
                                source_ports=[ports[w0][0], ports[w1][0]])
@@ -155,7 +124,7 @@ def test_join_and_leave_across_workers_keep_client_total(servers, lib_env, zone)
         sleep_until(base + 2.5)
         entry2, per_pid2, _, text2 = stat_summary(zone)
         sleep_until(base + 6.5)
-        seen = owners(dset)
+        seen = dset.pids_by_label()
         entry8, per_pid8, _, text8 = stat_summary(zone)
         sleep_until(base + 11.5)
         entry_after, per_pid_after, _, text_after = stat_summary(zone)
@@ -184,7 +153,7 @@ def test_idle_keepalive_connections_leave_the_share(servers, lib_env, zone):
     """3 idle keep-alive connections (one small request each) and 1 download
     from the same client: the download gets the rate (within 7%, 8 s)."""
     server, (w0, w1) = nginx2(servers, lib_env(RATE))
-    ports = placed_ports(server, zone, {w0: 2, w1: 2})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 2, w1: 2})
     dset = harness.DownloadSet(server.port, [CLIENT], duration=9.8,
                                source_ports=[ports[w0][0]])
     dset.start()
@@ -228,7 +197,7 @@ def test_sigkill_of_a_worker_survivors_get_the_rate(servers, lib_env, zone):
     after the kill the 5 survivors total within 8% of the rate, and the zone
     counts exactly the survivors."""
     server, (victim, survivor) = nginx2(servers, lib_env(RATE))
-    ports = placed_ports(server, zone, {victim: 3, survivor: 5})
+    ports = harness.placed_ports(server, zone, CLIENT, {victim: 3, survivor: 5})
     sports = ports[victim] + ports[survivor]
     dset = harness.DownloadSet(server.port, [CLIENT] * 8, duration=11.0,
                                source_ports=sports)
@@ -236,12 +205,12 @@ def test_sigkill_of_a_worker_survivors_get_the_rate(servers, lib_env, zone):
     try:
         base = dset.start_at
         sleep_until(base + 2.0)
-        seen = owners(dset)
+        seen = dset.pids_by_label()
         entry_before, per_pid_before, _, text_before = stat_summary(zone)
         sleep_until(base + 2.5)
         assert harness.kill_pid(victim, signal.SIGKILL)
         t_kill = time.monotonic()
-        healed_after, entry_healed = wait_key_count(zone, CLIENT, 5, 3.0)
+        healed_after, entry_healed = harness.wait_key_count(zone, CLIENT, 5, 3.0)
         sleep_until(t_kill + 4.5)
         entry_mid, per_pid_mid, _, text_mid = stat_summary(zone)
         n_established = harness.established(server.port, CLIENT)
@@ -293,7 +262,7 @@ def test_forking_python_server_counts_each_connection_once(servers, lib_env, zon
         started = dset.wait_started(10.0)
         assert started, dset.errors()
         sleep_until(started + 1.5)
-        seen = owners(dset)
+        seen = dset.pids_by_label()
         entry, per_pid, conns, text = stat_summary(zone)
         sleep_until(started + 10.1)
         t0, t1 = started + 2.0, started + 10.0
@@ -324,14 +293,14 @@ def test_nginx_reload_counts_follow_live_connections(servers, lib_env, zone):
     connections, the client total stays within 10%, and the counts are 0
     within 2 s of the clients closing."""
     server, (w0, w1) = nginx2(servers, lib_env(RATE))
-    ports = placed_ports(server, zone, {w0: 1, w1: 1})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 1, w1: 1})
     dset = harness.DownloadSet(server.port, [CLIENT] * 2, duration=30.0,
                                source_ports=[ports[w0][0], ports[w1][0]])
     dset.start()
     try:
         base = dset.start_at
         sleep_until(base + 1.0)
-        seen_old = owners(dset)
+        seen_old = dset.pids_by_label()
         assert harness.kill_pid(server.pid, signal.SIGHUP)
         t_reload = time.monotonic()
         new_workers = harness.wait_for(
@@ -348,7 +317,7 @@ def test_nginx_reload_counts_follow_live_connections(servers, lib_env, zone):
         assert harness.wait_for(lambda: all(d.connected_at for d in added), 5.0)
         t_added = max(d.connected_at for d in added)
         sleep_until(t_added + 1.0)
-        seen = owners(dset)
+        seen = dset.pids_by_label()
         sleep_until(t_added + 4.5)
         entry, per_pid, _, text = stat_summary(zone)
         n_live = len(live_downloads(dset.downloads))
@@ -358,7 +327,7 @@ def test_nginx_reload_counts_follow_live_connections(servers, lib_env, zone):
         dset.stop()
         dset.join(5.0)
     t_closed = max(d.finished_at or time.monotonic() for d in dset.downloads)
-    zero_after, entry_end = wait_key_count(zone, CLIENT, 0, 3.0)
+    zero_after, entry_end = harness.wait_key_count(zone, CLIENT, 0, 3.0)
     zero_after = None if zero_after is None else time.monotonic() - t_closed
     old_gone = harness.wait_for(lambda: not any(harness.pid_alive(p) for p in (w0, w1)), 5.0)
     rows, table = bucket_table(dset.downloads, t_added, [(1.5, 7.5)])
@@ -399,7 +368,7 @@ def test_nginx_binary_upgrade_keeps_the_library_and_the_counts(servers, lib_env,
     server, (w0, w1) = nginx2(servers, env, detached=True,
                               env_directives=tuple(sorted(env)))
     old_master = server.pid
-    ports = placed_ports(server, zone, {w0: 1, w1: 1})
+    ports = harness.placed_ports(server, zone, CLIENT, {w0: 1, w1: 1})
     dset = harness.DownloadSet(server.port, [CLIENT] * 2, duration=30.0,
                                source_ports=[ports[w0][0], ports[w1][0]])
     dset.start()
@@ -407,7 +376,7 @@ def test_nginx_binary_upgrade_keeps_the_library_and_the_counts(servers, lib_env,
     try:
         base = dset.start_at
         sleep_until(base + 1.0)
-        seen_old = owners(dset)
+        seen_old = dset.pids_by_label()
         assert harness.kill_pid(old_master, signal.SIGUSR2)
         t_usr2 = time.monotonic()
 
@@ -436,7 +405,7 @@ def test_nginx_binary_upgrade_keeps_the_library_and_the_counts(servers, lib_env,
         t_added = max(d.connected_at for d in added)
         assert harness.kill_pid(old_master, signal.SIGQUIT)
         sleep_until(t_added + 1.0)
-        seen = owners(dset)
+        seen = dset.pids_by_label()
         old_master_alive = harness.pid_alive(old_master)
         sleep_until(t_added + 4.5)
         entry, per_pid, _, text = stat_summary(zone)
@@ -447,7 +416,7 @@ def test_nginx_binary_upgrade_keeps_the_library_and_the_counts(servers, lib_env,
         dset.stop()
         dset.join(5.0)
     t_closed = max(d.finished_at or time.monotonic() for d in dset.downloads)
-    zero_after, entry_end = wait_key_count(zone, CLIENT, 0, 3.0)
+    zero_after, entry_end = harness.wait_key_count(zone, CLIENT, 0, 3.0)
     zero_after = None if zero_after is None else time.monotonic() - t_closed
     old_gone = harness.wait_for(
         lambda: not any(harness.pid_alive(p) for p in (old_master, w0, w1)), 5.0)
