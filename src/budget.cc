@@ -7,42 +7,124 @@ namespace trafficrate {
 namespace {
 
 constexpr double kNsPerSecF = 1e9;
-// Smoothing of the measured rate (stat shows it; the boost follows it).
-constexpr double kMeasuredTauNs = 400e6;
-// How fast the boost follows a shortfall, and how fast it gives way to an
-// excess: slower up than down, so a key never overshoots for long.
-constexpr double kBoostUpTauNs = 150e6;
-constexpr double kBoostDownTauNs = 50e6;
-// A key sending less than this part of its target, with nothing owed, has
-// room to spare: its boost doubles per tick instead of creeping up.
-constexpr double kClearlyUnder = 0.75;
+constexpr double kTwoSegments = 2 * 1448;
+// A key's packet size before any was measured: about what a new
+// connection's first TSO packets hold (its initial send buffer, 16 KiB).
+constexpr double kUnknownPacketBytes = 16384;
+// Smoothing of the measured rate: stat shows it and the level follows it.
+constexpr double kMeasuredTauNs = 200e6;
+// How fast the boost follows the gap between the goal and what the key
+// sends, at the least: fast enough to give a slow reader's part to the
+// others, or to absorb the unpaced starts of a stream of new connections,
+// within a second; slow against the measuring's smoothing, so that it does
+// not overshoot. Slower when packets are far apart (KeyPace).
+constexpr double kIntegralTauNs = 500e6;
+// How slowly a lasting debt (or bank) moves the boost.
+constexpr double kBalanceIntegralNs = 5e9;
+// Unbound (nothing held back) while the key sends less than this part of
+// its rate; bound again once it sends more than kBindAbove of it.
+constexpr double kUnbindBelow = 0.5;
+constexpr double kBindAbove = 0.9;
+// Ticks in a row a key must be clearly under its rate before its boost
+// doubles, at the least.
+constexpr uint32_t kUnderTicks = 5;
+// The boost never drops below this: a connection is never set far below
+// its equal share (a departure time cannot be pulled back).
+constexpr double kMinBoost = 0.25;
+// The balance moves the level by at most this part either way.
+constexpr double kMaxBalanceEffect = 0.5;
+// Up to this gap between a connection's packets the controller has its
+// full authority (kMinBoost, kMaxBalanceEffect); beyond, less in
+// proportion.
+constexpr double kFullReachGapNs = 250e6;
+constexpr double kMinReach = 0.25;
+// A connection's bytes in flight toward the count: the watcher samples it
+// about every two segments, at least every half second.
+constexpr double kMaxSampleNs = 250e6;
 
 double Clamp(double v, double lo, double hi) {
   return v < lo ? lo : (v > hi ? hi : v);
 }
 
-// The target total rate for the next ticks: the rate, plus what is banked,
-// minus what is owed, spread over the horizon.
-// Within half a burst either way the target is the rate itself, so that the
-// level does not follow every packet.
-double TargetRate(double rate, int64_t balance_bytes, double burst) {
-  double excess = static_cast<double>(balance_bytes);
-  const double band = burst / 2;
-  excess = excess > band ? excess - band : (excess < -band ? excess + band : 0);
-  const double target =
-      rate + excess * kNsPerSecF / static_cast<double>(kBudgetHorizonNs);
-  return Clamp(target, rate / 4, rate + burst * kNsPerSecF / kBudgetHorizonNs);
+// How a key's connections send at its current level, which sets how fast
+// the controller may act on them.
+struct KeyPace {
+  // The time between two packets of one connection: a new level reaches a
+  // connection only after the gap of the packet it sent last.
+  double gap_ns;
+  // The balance's dead band: how far the count may be off the truth. It
+  // moves by whole packets (connections that send in step send together),
+  // and each connection's part of it was sampled a little while ago.
+  double band_bytes;
+  // Over how long the balance is paid back or spent.
+  double horizon_ns;
+  // The integral action's time constant.
+  double integral_ns;
+  // How far below the equal share the level may go, as a part of the
+  // equal share, and how far the balance may move it: full authority
+  // while packets are close together, little when a gap is long (a packet
+  // sent at a low level holds its connection back for that long, whatever
+  // the level is set to afterwards).
+  double min_boost;
+  double balance_effect;
+};
+
+KeyPace PaceOf(const BudgetState& s, const BudgetSettings& settings,
+               uint32_t active) {
+  const double rate = static_cast<double>(settings.rate_bytes_per_sec);
+  const double n = active > 0 ? active : 1;
+  const double level = s.level_bytes_per_sec > 0
+                           ? static_cast<double>(s.level_bytes_per_sec)
+                           : rate / n;
+  const double packet =
+      s.packet_bytes > 0
+          ? std::max(kTwoSegments, static_cast<double>(s.packet_bytes))
+          : kUnknownPacketBytes;
+  KeyPace pace;
+  pace.gap_ns = packet / std::max(level, 1.0) * kNsPerSecF;
+  const double per_conn = std::min(packet, level * kMaxSampleNs / kNsPerSecF);
+  pace.band_bytes =
+      std::max(static_cast<double>(settings.burst_bytes) / 2, per_conn * n);
+  pace.horizon_ns = std::max<double>(kBudgetHorizonNs, 2 * pace.gap_ns);
+  pace.integral_ns = std::max(kIntegralTauNs, 2 * pace.gap_ns);
+  const double reach = Clamp(kFullReachGapNs / pace.gap_ns, kMinReach, 1);
+  pace.min_boost = 1 - (1 - kMinBoost) * reach;
+  pace.balance_effect = kMaxBalanceEffect * reach;
+  return pace;
 }
 
-// The level for a target, a boost and a number of sending connections:
-// between target/active (all want more than that) and the rate (nothing
-// held back).
-uint64_t LevelFor(double target, uint32_t boost, uint32_t active, double rate) {
+// The part by which the balance moves the level: what is banked beyond the
+// band is spent, what is owed beyond it is repaid, over the horizon. Within
+// the band the level does not follow every packet.
+double BalanceFactor(const BudgetState& s, double rate, const KeyPace& pace) {
+  double excess = static_cast<double>(s.balance_bytes);
+  const double band = pace.band_bytes;
+  excess = excess > band ? excess - band : (excess < -band ? excess + band : 0);
+  const double horizon_bytes = rate * pace.horizon_ns / kNsPerSecF;
+  return 1 + Clamp(excess / std::max(horizon_bytes, 1.0), -pace.balance_effect,
+                   pace.balance_effect);
+}
+
+// The level of a key: the whole rate while unbound, else the equal share
+// times the boost times the balance's correction, at most the rate.
+uint64_t LevelFor(const BudgetState& s, uint32_t active,
+                  const BudgetSettings& settings, const KeyPace& pace) {
+  const double rate = static_cast<double>(settings.rate_bytes_per_sec);
+  if (s.boost == kBoostUnbound) return settings.rate_bytes_per_sec;
   const double n = active > 0 ? active : 1;
-  const double floor = target / n;
-  const double level = floor * static_cast<double>(boost) / kBoostOne;
-  if (level >= rate * 0.999) return static_cast<uint64_t>(rate);
-  return level >= 1 ? static_cast<uint64_t>(std::max(level, floor)) : 1;
+  const double level = rate / n * static_cast<double>(s.boost) / kBoostOne *
+                       BalanceFactor(s, rate, pace);
+  return static_cast<uint64_t>(Clamp(level, 1, rate));
+}
+
+uint64_t LevelFor(const BudgetState& s, uint32_t active,
+                  const BudgetSettings& settings) {
+  return LevelFor(s, active, settings, PaceOf(s, settings, active));
+}
+
+uint32_t ToBoost(double boost) {
+  return static_cast<uint32_t>(
+      Clamp(boost, kMinBoost, (kBoostUnbound - 1.0) / kBoostOne) * kBoostOne);
 }
 
 }  // namespace
@@ -53,16 +135,21 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   const double rate = static_cast<double>(settings.rate_bytes_per_sec);
   const double burst = static_cast<double>(settings.burst_bytes);
   const uint32_t n = input.active > 0 ? input.active : 1;
+  next.packet_bytes = input.packet_bytes;
   const int64_t dt_ns = input.now_ns - state.last_ns;
   if (state.last_ns == 0 || dt_ns > kBudgetMaxGapNs || dt_ns < 0 ||
       input.sent_bytes < state.sent_bytes) {
-    // A fresh start: nothing banked, nothing owed, an equal split.
+    // A fresh start: nothing banked, nothing owed, an equal split (a
+    // single connection is not held back at all).
     next.last_ns = input.now_ns;
     next.sent_bytes = input.sent_bytes;
     next.balance_bytes = 0;
-    next.boost = kBoostOne;
-    next.measured_bytes_per_sec = 0;
-    next.level_bytes_per_sec = LevelFor(rate, next.boost, n, rate);
+    next.under_ticks = 0;
+    next.boost = n == 1 ? kBoostUnbound : kBoostOne;
+    // Until measured, several connections are taken to be sending at the
+    // rate: nothing is unbound before it is seen to be under it.
+    next.measured_bytes_per_sec = n == 1 ? 0 : settings.rate_bytes_per_sec;
+    next.level_bytes_per_sec = LevelFor(next, n, settings);
     return next;
   }
   if (dt_ns == 0) return next;
@@ -82,55 +169,79 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
       (now_rate - static_cast<double>(state.measured_bytes_per_sec)) * alpha;
   next.measured_bytes_per_sec = static_cast<uint64_t>(std::max(0.0, measured));
 
-  const double target = TargetRate(rate, next.balance_bytes, burst);
-  // The boost: max-min lets connections below their share keep what they
-  // use and gives the rest to the others, so while the key sends less than
-  // its target the level rises above target/active, and falls back as soon
-  // as it sends more.
-  double boost = static_cast<double>(state.boost) / kBoostOne;
-  const double used = std::max(measured, now_rate);
-  if (used < kClearlyUnder * target && balance >= 0) {
-    boost *= 2;
+  const KeyPace pace = PaceOf(next, settings, n);
+  if (state.boost == kBoostUnbound) {
+    if (measured >= kBindAbove * rate || balance < -burst / 2) {
+      // Bound from now: if every sending connection sent at the whole
+      // rate, the equal share is right; if only some did, the share of
+      // those that sent. The ticks refine it.
+      const double sent = std::max({measured, now_rate, rate});
+      next.boost = ToBoost(Clamp(n * rate / sent, 1.0, n));
+    }
   } else {
-    // Within 2% the boost stays: measuring noise must not move the level.
-    const double ratio = Clamp(target / std::max(measured, 1.0), 0.25, 4.0);
-    if (ratio > 1.02) boost *= std::pow(ratio / 1.02, dt / kBoostUpTauNs);
-    if (ratio < 0.98) boost *= std::pow(ratio / 0.98, dt / kBoostDownTauNs);
+    // Integral action: the boost rises while the key sends less than its
+    // rate (some connections use less than their share: the rest split
+    // what they leave) and falls while it sends more. A debt or a bank
+    // beyond the band moves the level at once (BalanceFactor) and the
+    // boost only slowly, so that repaying a burst does not leave the boost
+    // low once it is repaid, while a debt that keeps coming back (the
+    // unpaced starts of a stream of new connections) is absorbed in the
+    // end.
+    const double error = Clamp((rate - measured) / rate, -1.0, 1.0);
+    const double balance_error = BalanceFactor(next, rate, pace) - 1;
+    double boost = static_cast<double>(state.boost) / kBoostOne;
+    boost *= std::exp(error * dt / pace.integral_ns +
+                      balance_error * dt / kBalanceIntegralNs);
+    if (boost > 1 && pace.gap_ns <= 5 * kBudgetTickNs && now_rate > 2 * rate &&
+        measured > 1.25 * rate) {
+      // A burst well over the rate from a key whose level was above the
+      // equal share: its connections went from using little to all
+      // sending at once. Give way now, not over several ticks; the equal
+      // share is right when all send.
+      boost = std::max(1.0, boost * rate / now_rate);
+    }
+    // Clearly under the rate for a while, with allowance banked: room to
+    // spare, so the boost doubles per tick, up to the whole rate (unbound).
+    // A while: at least kUnderTicks, and two gaps between packets, since
+    // connections sending large packets in step are silent in between.
+    const bool under_now =
+        measured < kUnbindBelow * rate && balance >= burst / 2;
+    next.under_ticks = under_now ? state.under_ticks + 1 : 0;
+    const double under_for_ns =
+        std::max<double>(kUnderTicks * kBudgetTickNs, 2 * pace.gap_ns);
+    const bool under =
+        next.under_ticks * static_cast<double>(dt_ns) >= under_for_ns;
+    if (under) boost *= 2;
+    next.boost = under && boost >= n ? kBoostUnbound
+                                     : ToBoost(Clamp(boost, pace.min_boost, n));
   }
-  if (now_rate > 1.5 * target && balance < -burst / 2 && boost > 1) {
-    // A burst well over the target: give way now, not over several ticks.
-    boost = std::max(1.0, boost * target / now_rate);
-  }
-  // More than `active` is never needed: the level is then the whole rate.
-  boost = Clamp(boost, 1.0, std::max(1.0, rate * n / target));
-  next.boost = static_cast<uint32_t>(boost * kBoostOne);
-  next.level_bytes_per_sec = LevelFor(target, next.boost, n, rate);
+  next.level_bytes_per_sec = LevelFor(next, n, settings);
   next.last_ns = input.now_ns;
   next.sent_bytes = input.sent_bytes;
   return next;
 }
 
-uint64_t LevelAfterMembershipChange(const BudgetState& state,
-                                    const BudgetSettings& settings,
-                                    uint32_t old_active, uint32_t new_active) {
-  const double rate = static_cast<double>(settings.rate_bytes_per_sec);
-  const double target = TargetRate(rate, state.balance_bytes,
-                                   static_cast<double>(settings.burst_bytes));
-  if (state.level_bytes_per_sec == 0 || old_active == 0) {
-    return LevelFor(target, kBoostOne, new_active, rate);
+BudgetState BudgetMembershipChange(const BudgetState& state,
+                                   const BudgetSettings& settings,
+                                   uint32_t old_active, uint32_t new_active) {
+  BudgetState next = state;
+  if (state.last_ns == 0 || old_active == 0) {
+    // No decision yet: an equal split (nothing held back when alone).
+    next.boost = new_active <= 1 ? kBoostUnbound : kBoostOne;
+  } else if (state.boost != kBoostUnbound && new_active < old_active &&
+             new_active > 0) {
+    // A leave: the survivors keep their level, or get their equal share
+    // if that is more (the max-min level is at least the equal share).
+    // A join keeps the boost, so the joiner takes its share from the
+    // others at once: level x old / new.
+    // A boost below 1 (the key sends more than its rate even at equal
+    // shares: unpaced starts of many new connections) stays as it is.
+    const double boost = static_cast<double>(state.boost) / kBoostOne;
+    next.boost = ToBoost(
+        std::max(boost * new_active / old_active, std::min(boost, 1.0)));
   }
-  const double n_new = new_active > 0 ? new_active : 1;
-  const double level = static_cast<double>(state.level_bytes_per_sec);
-  if (new_active > old_active) {
-    // The joiner takes its share from the others at once. If some of them
-    // used less than the level, this guess is low; the ticks raise it.
-    const double scaled = level * old_active / n_new;
-    const double v = std::max(target / n_new, scaled);
-    return v >= 1 ? static_cast<uint64_t>(v) : 1;
-  }
-  // A leave: the max-min level is at least target / active.
-  const double v = Clamp(std::max(level, target / n_new), 1, rate);
-  return static_cast<uint64_t>(v);
+  next.level_bytes_per_sec = LevelFor(next, new_active, settings);
+  return next;
 }
 
 bool LevelWorthApplying(uint64_t applied_bytes_per_sec,

@@ -14,21 +14,31 @@
 //   what left the sockets; it holds at most `burst` bytes of unused
 //   allowance, and a negative balance is a debt (first unpaced segments of
 //   new connections, 64 KiB TSO packets, a lag after a change).
-// * The target total for the next ticks is the rate plus the balance spread
-//   over kBudgetHorizonNs: a debt is repaid, a dip is made up.
 // * Under max-min fairness every constrained connection gets the same level
-//   L, and L >= target / active (equality when all want more). So the level
-//   is target / active times a boost >= 1 that rises slowly while the key
-//   sends less than its target (some connections use less than their share:
-//   the rest split what they leave) and falls back when it sends more.
-// * While the key sends clearly less than its rate and owes nothing, the
-//   level is the whole rate: nothing is held back, so request/response
-//   traffic runs as without the library.
+//   L, and L >= rate / active (equality when all want more). So the level is
+//   the equal share rate / active times a boost, which integrates the gap
+//   between the rate and what the key sends (>= 0.5 s): it rises while some
+//   connections use less than their share (the rest split what they leave)
+//   and falls while the key sends more than its rate.
+// * The balance corrects the level at once, in proportion: a debt beyond
+//   the band lowers it until repaid over the horizon (>= 1 s), a bank beyond
+//   it raises it; a lasting one moves the boost too, slowly (5 s). The band
+//   covers how far the count may be off: each connection is sampled about
+//   every two segments, and bytes leave in whole packets.
+// * While the key sends clearly less than its rate (under half of it, with
+//   allowance banked, for a while) the boost doubles per tick until the
+//   level is the whole rate: the key is then *unbound*, and nothing is held
+//   back, so request/response traffic runs as without the library. It is
+//   bound again as soon as it sends 90% of its rate or owes.
 //
 // A departure time the kernel already scheduled cannot be pulled back (a
-// packet's gap is fixed at the rate in force when it leaves), so the level
-// never drops below target / active: no connection is ever set far below
-// what it will soon need.
+// packet's gap is fixed at the rate in force when it leaves). So the
+// controller's speed and reach follow the gap between a connection's
+// packets (BudgetInput::packet_bytes at the level): while packets are close
+// together the level may go down to a quarter of the equal share; when a
+// packet holds a connection for seconds (64 KiB TSO packets at a few KB/s),
+// it stays near the equal share and acts slowly, since a lower level would
+// stall connections for longer than any window it could correct.
 
 #ifndef TRAFFICRATE_SRC_BUDGET_H_
 #define TRAFFICRATE_SRC_BUDGET_H_
@@ -44,14 +54,16 @@ enum class ShareMode : uint32_t {
   kBudget = 1,  // this controller
 };
 
-inline constexpr int64_t kBudgetTickNs = 20'000'000;      // 20 ms
-inline constexpr int64_t kBudgetHorizonNs = 250'000'000;  // debts repaid over
+inline constexpr int64_t kBudgetTickNs = 20'000'000;        // 20 ms
+inline constexpr int64_t kBudgetHorizonNs = 1'000'000'000;  // debts repaid over
 // A tick after a gap longer than this starts the key afresh (it was idle).
 inline constexpr int64_t kBudgetMaxGapNs = 1'000'000'000;
 // The debt is bounded, so that a rate lowered by `trafficrate set` or a
 // flood of new connections is not paid for over minutes.
-inline constexpr int64_t kBudgetMaxDebtNs = 1'000'000'000;  // 1 s of rate
-inline constexpr uint32_t kBoostOne = 1 << 16;              // fixed point 16.16
+inline constexpr int64_t kBudgetMaxDebtNs = 500'000'000;  // 0.5 s of rate
+inline constexpr uint32_t kBoostOne = 1 << 16;            // fixed point 16.16
+// The boost of a key that is not held back at all: its level is the rate.
+inline constexpr uint32_t kBoostUnbound = UINT32_MAX;
 
 struct BudgetSettings {
   uint64_t rate_bytes_per_sec = 0;
@@ -67,27 +79,37 @@ struct BudgetState {
   int64_t balance_bytes = 0;  // allowance minus use; <= burst; < 0 is debt
   uint64_t level_bytes_per_sec = 0;     // 0: none yet
   uint64_t measured_bytes_per_sec = 0;  // sent rate, smoothed over ~1 s
-  uint32_t boost = kBoostOne;           // level over target/active, 16.16
+  // Level over the equal share rate / active, 16.16; kBoostUnbound: the
+  // level is the whole rate.
+  uint32_t boost = kBoostOne;
+  uint32_t under_ticks = 0;   // ticks in a row clearly under the rate
+  uint32_t packet_bytes = 0;  // BudgetInput::packet_bytes of the last tick
 };
 
 struct BudgetInput {
   int64_t now_ns = 0;
   uint64_t sent_bytes = 0;  // the key's bytes that left its sockets, ever
   uint32_t active = 0;      // its sending connections, in all processes
+  // The largest packet its connections send (TSO: up to 64 KiB on fast
+  // paths); 0: unknown, taken as 16 KiB. A level change reaches a
+  // connection only after the packet in flight's gap: the controller is
+  // slower when that gap is long.
+  uint32_t packet_bytes = 0;
 };
 
 // One decision. Pure; safe from any thread.
 BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
                        const BudgetSettings& settings);
 
-// The level to use at once when the key's sending connections go from
+// The state to use at once when the key's sending connections go from
 // old_active to new_active (a join or a leave), before the next tick: a
 // joiner takes its share from the others now rather than sending at the old
-// level for a tick, and survivors of a leave get the larger share now (the
-// max-min level is at least target / active). Pure.
-uint64_t LevelAfterMembershipChange(const BudgetState& state,
-                                    const BudgetSettings& settings,
-                                    uint32_t old_active, uint32_t new_active);
+// level for a tick (the boost stays, so the level is level x old / new), and
+// survivors of a leave keep their level or get the equal share if that is
+// more. A key that is not held back stays so. Pure.
+BudgetState BudgetMembershipChange(const BudgetState& state,
+                                   const BudgetSettings& settings,
+                                   uint32_t old_active, uint32_t new_active);
 
 // Debt in bytes (>= 0) of a state.
 inline uint64_t BudgetDebtBytes(const BudgetState& state) {

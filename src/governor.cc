@@ -98,6 +98,18 @@ bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
   return MakeConnKey(options.key, peer, peer_len, local, local_len, key);
 }
 
+// How long a connection with `queued` bytes still in its socket, paced at
+// `pace`, surely stays busy: three quarters of the time they take to leave,
+// at most a second (a raised pace drains it sooner; an idle connection then
+// holds its share a moment longer, never for good).
+int64_t IdleCheckDelayNs(uint64_t queued, uint64_t pace) {
+  constexpr int64_t kMaxDelayNs = kNsPerSec;
+  if (pace == 0) return 0;
+  const double ns = static_cast<double>(queued) * 0.75 * kNsPerSec /
+                    static_cast<double>(pace);
+  return ns >= kMaxDelayNs ? kMaxDelayNs : static_cast<int64_t>(ns);
+}
+
 }  // namespace
 
 Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
@@ -112,10 +124,10 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem != MAP_FAILED) local_ = static_cast<LocalConn*>(mem);
-  const size_t key_bytes = sizeof(uint32_t) * zone_->key_capacity();
+  const size_t key_bytes = sizeof(LocalKey) * zone_->key_capacity();
   mem = mmap(nullptr, key_bytes, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem != MAP_FAILED) key_tick_ = static_cast<uint32_t*>(mem);
+  if (mem != MAP_FAILED) key_local_ = static_cast<LocalKey*>(mem);
 }
 
 Governor::~Governor() {
@@ -123,8 +135,8 @@ Governor::~Governor() {
   if (local_ != nullptr) {
     munmap(local_, sizeof(LocalConn) * zone_->conn_capacity());
   }
-  if (key_tick_ != nullptr) {
-    munmap(key_tick_, sizeof(uint32_t) * zone_->key_capacity());
+  if (key_local_ != nullptr) {
+    munmap(key_local_, sizeof(LocalKey) * zone_->key_capacity());
   }
 }
 
@@ -240,6 +252,10 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
   local_[conn].last_send_ns.store(now, std::memory_order_relaxed);
   local_[conn].next_measure_ns.store(0, std::memory_order_relaxed);
+  local_[conn].measured_ns.store(0, std::memory_order_relaxed);
+  local_[conn].left_rate.store(0, std::memory_order_relaxed);
+  local_[conn].packet_bytes.store(0, std::memory_order_relaxed);
+  local_[conn].next_idle_check_ns.store(0, std::memory_order_relaxed);
   entry.state.store(PackState(conn, cookie), std::memory_order_release);
   table_->NoteTracked(fd);
 }
@@ -503,7 +519,11 @@ void Governor::ExpireIdle(int64_t now_ns) {
       JoinSlow(fd, entry, state);
       continue;
     }
-    if (now_ns - last < options_.idle_ns || !ConnValid(conn, state) ||
+    std::atomic<int64_t>& next_check =
+        local_[StateConn(state)].next_idle_check_ns;
+    if (now_ns - last < options_.idle_ns ||
+        now_ns < next_check.load(std::memory_order_relaxed) ||
+        !ConnValid(conn, state) ||
         !conn.active.load(std::memory_order_relaxed) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
       continue;
@@ -518,7 +538,18 @@ void Governor::ExpireIdle(int64_t now_ns) {
       if (entry.state.compare_exchange_strong(state, 0)) Release(state);
       continue;
     }
-    if (rc != 0 || queued > 0) continue;
+    if (rc != 0) continue;
+    if (queued > 0) {
+      // Still sending what it queued: not idle before most of it can have
+      // left at its pace. One look per connection per tick would cost a
+      // system call each, 20 times a second, for every slow connection.
+      next_check.store(
+          now_ns + IdleCheckDelayNs(static_cast<uint64_t>(queued),
+                                    conn.share_bytes_per_sec.load(
+                                        std::memory_order_relaxed)),
+          std::memory_order_relaxed);
+      continue;
+    }
     ZoneLock lock(*zone_);
     if (!lock.ok()) return;
     if (ConnValid(conn, state) &&

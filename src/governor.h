@@ -142,7 +142,11 @@ class Governor {
   // key's share of the tick, and the drain of closed connections.
   void MeasureConn(int fd, FdEntry& entry, uint64_t state, ConnSlotShm& conn,
                    int64_t now_ns);
-  void DecideKey(uint32_t key_index, int64_t now_ns);
+  // Notes conn's packet size for its key this tick; decides the key if this
+  // is the first of its connections seen in the tick.
+  void NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
+                     int64_t now_ns);
+  void DecideKey(uint32_t key_index, uint32_t packet_bytes, int64_t now_ns);
   void TickDrains(int64_t now_ns);
   // Budget mode, close: keeps a connection closed with unsent data in its
   // key until the kernel has sent it. False if it was not kept.
@@ -160,10 +164,29 @@ class Governor {
     std::atomic<int64_t> last_send_ns;
     std::atomic<int64_t> next_measure_ns;  // budget mode
     std::atomic<int64_t> drain_last_ns;    // budget mode, draining
+    // Budget mode: the last real measurement (what had left the socket, and
+    // when; 0: none yet) and the rate at which bytes were leaving, from
+    // which the ticks between measurements estimate what left since.
+    std::atomic<uint64_t> measured_left;
+    std::atomic<int64_t> measured_ns;
+    std::atomic<uint64_t> left_rate;
+    // The size of the packets its bytes leave in, as measured; 0: not yet.
+    std::atomic<uint32_t> packet_bytes;
+    // ExpireIdle: not before this time (its queue cannot have drained).
+    std::atomic<int64_t> next_idle_check_ns;
   };
+  // Between measurements: adds what probably left conn's socket since.
+  void EstimateConn(const LocalConn& local, ConnSlotShm& conn, int64_t now_ns);
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
-  // Budget mode: the tick in which this process last decided each key.
-  uint32_t* key_tick_ = nullptr;  // zone key_capacity entries
+  // Budget mode, this process's view of each key: the tick in which it
+  // last decided it, and the largest packet its connections of the key send
+  // (LocalConn::packet_bytes) in this tick and in the one before.
+  struct LocalKey {
+    uint32_t tick;
+    uint32_t packet_bytes;
+    uint32_t last_packet_bytes;
+  };
+  LocalKey* key_local_ = nullptr;  // zone key_capacity entries
   uint32_t tick_ = 0;
   // Closed connections still draining: (conn << 32 | cookie), 0 if free.
   static constexpr int kDrainSlots = 1024;

@@ -24,6 +24,10 @@ namespace {
 // more than the whole budget allows at 10 000 connections.
 constexpr int64_t kMaxMeasureGapNs = 500 * kNsPerMs;
 constexpr uint64_t kTwoPacketsBytes = 2 * 1448;
+// The largest packet the kernel builds (GSO), the most one step counts as.
+constexpr uint64_t kMaxPacketBytes = 65536;
+// A key is decided at least this often.
+constexpr int64_t kMaxDecideGapNs = 200 * kNsPerMs;
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 
@@ -84,10 +88,10 @@ uint64_t Governor::ShareFor(const KeySlotShm& key) const {
 }
 
 void Governor::TickBudget(int64_t now_ns) {
-  if (local_ == nullptr || key_tick_ == nullptr) return;
+  if (local_ == nullptr || key_local_ == nullptr) return;
   const uint32_t me = watcher_.proc_index();
   ++tick_;
-  if (tick_ == 0) tick_ = 1;  // 0 means "never" in key_tick_
+  if (tick_ == 0) tick_ = 1;  // 0 means "never" in key_local_
   const int high_water = table_->high_water();
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
@@ -100,7 +104,10 @@ void Governor::TickBudget(int64_t now_ns) {
       continue;
     }
     MeasureConn(fd, entry, state, conn, now_ns);
-    DecideKey(conn.key_index.load(std::memory_order_relaxed), now_ns);
+    NoteAndDecide(
+        conn,
+        local_[StateConn(state)].packet_bytes.load(std::memory_order_relaxed),
+        now_ns);
     ApplyIfChanged(fd, entry, state, conn);
   }
   TickDrains(now_ns);
@@ -109,7 +116,10 @@ void Governor::TickBudget(int64_t now_ns) {
 void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
                            ConnSlotShm& conn, int64_t now_ns) {
   LocalConn& local = local_[StateConn(state)];
-  if (now_ns < local.next_measure_ns.load(std::memory_order_relaxed)) return;
+  if (now_ns < local.next_measure_ns.load(std::memory_order_relaxed)) {
+    EstimateConn(local, conn, now_ns);
+    return;
+  }
   // Handed first, then the queue: a send in between makes this an
   // underestimate, which the next measurement corrects.
   const uint64_t handed = conn.bytes_sent.load(std::memory_order_relaxed);
@@ -118,6 +128,29 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   FdTable::Unpin(entry);
   if (unsent < 0) return;
   const uint64_t left = LeftOf(handed, unsent);
+  const int64_t prev_ns = local.measured_ns.load(std::memory_order_relaxed);
+  const uint64_t prev_left =
+      local.measured_left.load(std::memory_order_relaxed);
+  uint64_t rate = 0;
+  if (prev_ns != 0 && now_ns > prev_ns && left >= prev_left) {
+    const uint64_t inst = static_cast<uint64_t>(
+        static_cast<double>(left - prev_left) * kNsPerSec / (now_ns - prev_ns));
+    const uint64_t before = local.left_rate.load(std::memory_order_relaxed);
+    rate = before == 0 ? inst : (before + inst) / 2;
+  }
+  if (prev_ns != 0 && left > prev_left) {
+    // Bytes leave in whole packets (TSO: up to 64 KiB on fast paths), and
+    // a connection is measured about every two segments at its pace: what
+    // left between two measurements of a slow connection is a packet.
+    const uint32_t before = local.packet_bytes.load(std::memory_order_relaxed);
+    const uint64_t step = std::min<uint64_t>(left - prev_left, kMaxPacketBytes);
+    local.packet_bytes.store(
+        std::max<uint32_t>(static_cast<uint32_t>(step), before - before / 4),
+        std::memory_order_relaxed);
+  }
+  local.measured_left.store(left, std::memory_order_relaxed);
+  local.measured_ns.store(now_ns, std::memory_order_relaxed);
+  local.left_rate.store(rate, std::memory_order_relaxed);
   if (options_.after_bytes > 0 &&
       conn.bytes_left.load(std::memory_order_relaxed) == 0) {
     // TRAFFICRATE_AFTER: what a connection sent before it joined is free.
@@ -131,21 +164,74 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
       std::memory_order_relaxed);
 }
 
-void Governor::DecideKey(uint32_t key_index, int64_t now_ns) {
-  if (key_index >= zone_->key_capacity() || key_tick_[key_index] == tick_) {
+void Governor::EstimateConn(const LocalConn& local, ConnSlotShm& conn,
+                            int64_t now_ns) {
+  const int64_t since = local.measured_ns.load(std::memory_order_relaxed);
+  // At most its pace: bytes leave in packets, so what was seen between two
+  // measurements may be a packet sent at once, and extrapolating that would
+  // count ahead of what really left.
+  uint64_t rate = local.left_rate.load(std::memory_order_relaxed);
+  const uint64_t pace =
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  if (pace > 0) rate = std::min(rate, pace);
+  if (since == 0 || rate == 0 || now_ns <= since ||
+      conn.bytes_left.load(std::memory_order_relaxed) == 0) {
     return;
   }
-  key_tick_[key_index] = tick_;
+  // What left since the last measurement, at the rate it was leaving; at
+  // most what was handed to the kernel. An estimate too high holds the
+  // count until the real bytes catch up (Account only adds).
+  const uint64_t estimate =
+      local.measured_left.load(std::memory_order_relaxed) +
+      static_cast<uint64_t>(static_cast<double>(rate) * (now_ns - since) /
+                            kNsPerSec);
+  // Less than a segment more: not worth a write to the key's shared line.
+  if (estimate < conn.bytes_left.load(std::memory_order_relaxed) + 1448) return;
+  Account(*zone_, conn,
+          std::min(estimate, conn.bytes_sent.load(std::memory_order_relaxed)));
+}
+
+void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
+                             int64_t now_ns) {
+  const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
+  if (k >= zone_->key_capacity()) return;
+  LocalKey& local = key_local_[k];
+  if (local.tick == tick_) {
+    local.packet_bytes = std::max(local.packet_bytes, packet_bytes);
+    return;
+  }
+  // The first of the key's connections in this tick: the largest packet of
+  // the last tick (or of this connection) is what the decision uses.
+  local.tick = tick_;
+  local.last_packet_bytes = std::max(local.packet_bytes, packet_bytes);
+  local.packet_bytes = packet_bytes;
+  DecideKey(k, local.last_packet_bytes, now_ns);
+}
+
+void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
+                         int64_t now_ns) {
+  if (key_index >= zone_->key_capacity()) return;
   KeySlotShm& key = zone_->key(key_index);
+  // A key whose connections send packets far apart is decided less often:
+  // a new level reaches them only at their next packet anyway.
+  const int64_t last = key.budget_last_ns.load(std::memory_order_relaxed);
+  const uint64_t level =
+      key.level_bytes_per_sec.load(std::memory_order_relaxed);
+  int64_t every = kBudgetTickNs / 2;
+  if (level > 0 && packet_bytes > 0) {
+    every = std::clamp<int64_t>(
+        static_cast<int64_t>(static_cast<double>(packet_bytes) * kNsPerSec /
+                             static_cast<double>(level) / 4),
+        kBudgetTickNs / 2, kMaxDecideGapNs);
+  }
+  if (last != 0 && now_ns - last < every) return;
   if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;
   BudgetState state = LoadBudget(key);
-  if (state.last_ns != 0 && now_ns - state.last_ns < kBudgetTickNs / 2) {
-    return;  // decided a moment ago (by the lease's previous holder)
-  }
+  if (state.last_ns != last) return;  // decided a moment ago elsewhere
   const uint64_t published = state.level_bytes_per_sec;
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
-                      key.active.load(std::memory_order_relaxed)},
+                      key.active.load(std::memory_order_relaxed), packet_bytes},
                      zone_->budget_settings());
   const bool changed = LevelWorthApplying(published, state.level_bytes_per_sec);
   if (!changed) state.level_bytes_per_sec = published;
@@ -235,7 +321,8 @@ void Governor::TickDrains(int64_t now_ns) {
     }
     remaining -= step;
     conn.drain_bytes.store(remaining, std::memory_order_relaxed);
-    DecideKey(conn.key_index.load(std::memory_order_relaxed), now_ns);
+    NoteAndDecide(conn, local.packet_bytes.load(std::memory_order_relaxed),
+                  now_ns);
     if (!done) continue;
     bool push = false;
     {

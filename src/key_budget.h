@@ -53,6 +53,9 @@ inline BudgetState LoadBudget(const KeySlotShm& key) {
       key.measured_bytes_per_sec.load(std::memory_order_relaxed);
   const uint32_t boost = key.boost.load(std::memory_order_relaxed);
   s.boost = boost != 0 ? boost : kBoostOne;
+  const uint32_t aux = key.budget_aux.load(std::memory_order_relaxed);
+  s.under_ticks = aux & 0xff;
+  s.packet_bytes = (aux >> 8) * 256;
   return s;
 }
 
@@ -65,6 +68,11 @@ inline void StoreBudget(KeySlotShm& key, const BudgetState& s) {
   key.measured_bytes_per_sec.store(s.measured_bytes_per_sec,
                                    std::memory_order_relaxed);
   key.boost.store(s.boost, std::memory_order_relaxed);
+  const uint32_t packet_units =
+      std::min<uint32_t>(s.packet_bytes / 256, 0xffffff);
+  key.budget_aux.store(
+      std::min<uint32_t>(s.under_ticks, 0xff) | packet_units << 8,
+      std::memory_order_relaxed);
 }
 
 // The pacing rate of each sending connection of a key in budget mode: its

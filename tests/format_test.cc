@@ -145,6 +145,7 @@ TEST(FormatStatJsonTest, ExactFigures) {
   EXPECT_THAT(out, HasSubstr("{\"key\": \"127.0.0.2\", \"active\": 4, "
                              "\"connections\": 4, \"share\": 128000, "
                              "\"measured\": 0, \"level\": 0, \"debt\": 0, "
+                             "\"boost\": null, \"packet_bytes\": 0, "
                              "\"bytes\": 5000000, \"served\": 9, "
                              "\"idle_seconds\": 0.000}"));
   EXPECT_THAT(out, HasSubstr("\"idle_seconds\": 12.000"));

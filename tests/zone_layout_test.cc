@@ -86,7 +86,7 @@ TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(KeySlotShm, level_bytes_per_sec), 104u);
   EXPECT_EQ(offsetof(KeySlotShm, measured_bytes_per_sec), 112u);
   EXPECT_EQ(offsetof(KeySlotShm, boost), 120u);
-  EXPECT_EQ(offsetof(KeySlotShm, reserved0), 124u);
+  EXPECT_EQ(offsetof(KeySlotShm, budget_aux), 124u);
 }
 
 TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {

@@ -296,21 +296,9 @@ def test_a_closed_connection_still_draining_keeps_its_place(servers, lib_env, zo
 
 # --------------------------------------------------- 4. many connections
 
-# Known failure of the opt-in budget mode (issue 7, open): with 16 and 64
-# connections the level rises while the measured (departed) bytes lag what
-# the sockets hold, connections end up paced unequally and the client total
-# falls. At 64 it fails every run (0.65-0.71x, Jain 0.77-0.87), so that xfail
-# is strict and a fix shows. At 16 it is borderline (0.945-0.996x, Jain
-# 0.967-0.995 in 4 runs at 902bf84, 0.43 in an earlier one): a strict xfail
-# would make the suite fail whenever it happens to pass, so it is not strict.
-_MANY_REASON = "budget mode: many connections per key not yet fair (issue 7, open)"
-
-
 @pytest.mark.parametrize("n, tolerance", [
-    pytest.param(16, 0.05, id="16",
-                 marks=pytest.mark.xfail(strict=False, reason=_MANY_REASON)),
-    pytest.param(64, 0.08, id="64",
-                 marks=pytest.mark.xfail(strict=True, reason=_MANY_REASON)),
+    pytest.param(16, 0.05, id="16"),
+    pytest.param(64, 0.08, id="64"),
 ])
 def test_many_connections_of_one_client_share_the_rate_fairly(servers, lib_env, zone,
                                                               n, tolerance):
