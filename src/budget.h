@@ -78,7 +78,7 @@ struct BudgetState {
   uint64_t sent_bytes = 0;    // the key's sent bytes at the last tick
   int64_t balance_bytes = 0;  // allowance minus use; <= burst; < 0 is debt
   uint64_t level_bytes_per_sec = 0;     // 0: none yet
-  uint64_t measured_bytes_per_sec = 0;  // sent rate, smoothed over ~1 s
+  uint64_t measured_bytes_per_sec = 0;  // sent rate, smoothed over ~0.2 s
   // Level over the equal share rate / active, 16.16; kBoostUnbound: the
   // level is the whole rate.
   uint32_t boost = kBoostOne;

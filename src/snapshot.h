@@ -32,7 +32,7 @@ struct KeySnapshot {
   // mode, the level in budget mode.
   uint64_t share_bytes_per_sec = 0;
   // Budget mode (0 in equal mode): the key's rate of bytes that left its
-  // sockets, smoothed over ~1 s; the per-connection cap in force; bytes
+  // sockets, smoothed over ~0.2 s; the per-connection cap in force; bytes
   // sent over the budget, still to be repaid.
   uint64_t measured_bytes_per_sec = 0;
   uint64_t level_bytes_per_sec = 0;

@@ -198,12 +198,28 @@ TEST(TopTest, FrameShowsTheKeyAndItsBar) {
   ZoneSnapshot now = SampleSnapshot();
   now.taken_ns = before.taken_ns + kNsPerSec;
   now.keys[1].bytes_sent += 512000;
-  const std::string frame = FormatTopFrame(now, &before, 100, 30);
+  const std::string frame = FormatTopFrame(now, &before, 110, 30);
   EXPECT_THAT(frame, HasSubstr("zone web - 500 KiB/s per client"));
   EXPECT_THAT(frame, HasSubstr("127.0.0.2"));
-  // 100 columns leave an 18-character bar, full at the limit.
-  EXPECT_THAT(frame, HasSubstr("500 KiB/s [" + std::string(18, '#') + "]"));
+  // 110 columns leave a 16-character bar, full at the limit.
+  EXPECT_THAT(frame, HasSubstr("500 KiB/s [" + std::string(16, '#') + "]"));
+  EXPECT_THAT(frame, HasSubstr("MEASURED"));
   EXPECT_THAT(frame, HasSubstr("q: quit"));
+}
+
+TEST(TopTest, FrameShowsTheMeasuredRateInBudgetMode) {
+  ZoneSnapshot before = SampleSnapshot();
+  ZoneSnapshot now = SampleSnapshot();
+  now.share_mode = ShareMode::kBudget;
+  now.taken_ns = before.taken_ns + kNsPerSec;
+  now.keys[1].bytes_sent += 512000;
+  now.keys[1].measured_bytes_per_sec = 256000;
+  const std::string frame = FormatTopFrame(now, &before, 110, 30);
+  EXPECT_THAT(frame, HasSubstr("]   250 KiB/s"));
+  // In equal mode there is no measurement: a dash.
+  now.share_mode = ShareMode::kEqual;
+  EXPECT_THAT(FormatTopFrame(now, &before, 110, 30),
+              Not(HasSubstr("250 KiB/s")));
 }
 
 }  // namespace

@@ -149,17 +149,21 @@ std::string FormatTopFrame(const ZoneSnapshot& now, const ZoneSnapshot* before,
       "connections (%zu sending), %zu processes\n\n",
       now.name, HumanRate(now.rate_bytes_per_sec), now.keys.size(),
       now.connections.size(), ActiveConnections(now), LiveProcesses(now));
-  const int bar = std::clamp(columns - 82, 10, 40);
-  absl::StrAppendFormat(&out, "%-39s %11s %-*s %6s %6s %11s\n", "CLIENT",
-                        "RATE", bar + 2, "OF LIMIT", "ACTIVE", "CONNS",
-                        "SHARE/CONN");
+  // RATE: what the server handed to the kernel over the interval; MEASURED
+  // (budget mode): what left the sockets, as the controller counts it.
+  const bool budget = now.share_mode == ShareMode::kBudget;
+  const int bar = std::clamp(columns - 94, 10, 40);
+  absl::StrAppendFormat(&out, "%-39s %11s %-*s %11s %6s %6s %11s\n", "CLIENT",
+                        "RATE", bar + 2, "OF LIMIT", "MEASURED", "ACTIVE",
+                        "CONNS", "SHARE/CONN");
   const size_t limit = rows > 6 ? static_cast<size_t>(rows - 6) : 1;
   for (const TopRow& r : TopRows(now, before, limit)) {
-    absl::StrAppendFormat(&out, "%-39s %11s %s %6u %6u %11s\n", r.key.key,
-                          HumanRate(r.bytes_per_sec),
-                          TopBar(r.bytes_per_sec, now.rate_bytes_per_sec, bar),
-                          r.key.active, r.key.connections,
-                          HumanRate(r.key.share_bytes_per_sec));
+    absl::StrAppendFormat(
+        &out, "%-39s %11s %s %11s %6u %6u %11s\n", r.key.key,
+        HumanRate(r.bytes_per_sec),
+        TopBar(r.bytes_per_sec, now.rate_bytes_per_sec, bar),
+        budget ? HumanRate(r.key.measured_bytes_per_sec) : "-", r.key.active,
+        r.key.connections, HumanRate(r.key.share_bytes_per_sec));
   }
   if (now.keys.empty()) absl::StrAppend(&out, "no clients\n");
   absl::StrAppend(&out, "\nq: quit\n");
