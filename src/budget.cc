@@ -7,13 +7,13 @@ namespace trafficrate {
 namespace {
 
 constexpr double kNsPerSecF = 1e9;
-constexpr double kTwoSegments = 2 * 1448;
+constexpr double kTwoSegments = 2 * kSegmentBytes;
 // A key's packet size before any was measured: about what a new
 // connection's first TSO packets hold (its initial send buffer, 16 KiB).
 constexpr double kUnknownPacketBytes = 16384;
 // Smoothing of the measured rate: stat shows it and the level follows it.
 constexpr double kMeasuredTauNs = 200e6;
-// How fast the boost follows the gap between the goal and what the key
+// How fast the boost follows the gap between the rate and what the key
 // sends, at the least: fast enough to give a slow reader's part to the
 // others, or to absorb the unpaced starts of a stream of new connections,
 // within a second; slow against the measuring's smoothing, so that it does
@@ -38,8 +38,10 @@ constexpr double kMaxBalanceEffect = 0.5;
 // proportion.
 constexpr double kFullReachGapNs = 250e6;
 constexpr double kMinReach = 0.25;
-// A connection's bytes in flight toward the count: the watcher samples it
-// about every two segments, at least every half second.
+// How long a connection's part of the count may lag what left, at most:
+// the watcher samples it about every two segments, at least every half
+// second, and estimates in between; a quarter second of its level covers
+// that on average.
 constexpr double kMaxSampleNs = 250e6;
 
 double Clamp(double v, double lo, double hi) {
@@ -81,7 +83,7 @@ KeyPace PaceOf(const BudgetState& s, const BudgetSettings& settings,
           ? std::max(kTwoSegments, static_cast<double>(s.packet_bytes))
           : kUnknownPacketBytes;
   KeyPace pace;
-  pace.gap_ns = packet / std::max(level, 1.0) * kNsPerSecF;
+  pace.gap_ns = PacketGapNs(packet, std::max(level, 1.0));
   const double per_conn = std::min(packet, level * kMaxSampleNs / kNsPerSecF);
   pace.band_bytes =
       std::max(static_cast<double>(settings.burst_bytes) / 2, per_conn * n);
@@ -215,7 +217,9 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     next.boost = under && boost >= n ? kBoostUnbound
                                      : ToBoost(Clamp(boost, pace.min_boost, n));
   }
-  next.level_bytes_per_sec = LevelFor(next, n, settings);
+  // The pace depends on the level in force, the packet size and the
+  // connections, none of which the boost's update above changed.
+  next.level_bytes_per_sec = LevelFor(next, n, settings, pace);
   next.last_ns = input.now_ns;
   next.sent_bytes = input.sent_bytes;
   return next;

@@ -65,6 +65,16 @@ inline constexpr uint32_t kBoostOne = 1 << 16;            // fixed point 16.16
 // The boost of a key that is not held back at all: its level is the rate.
 inline constexpr uint32_t kBoostUnbound = UINT32_MAX;
 
+// A full segment on a 1500-byte path (the kernel's MSS there).
+inline constexpr uint64_t kSegmentBytes = 1448;
+
+// The time between two packets of `packet_bytes` of one connection paced at
+// `level_bytes_per_sec` (> 0): a new level reaches the connection only
+// after the gap of the packet it sent last.
+inline double PacketGapNs(double packet_bytes, double level_bytes_per_sec) {
+  return packet_bytes / level_bytes_per_sec * 1e9;
+}
+
 struct BudgetSettings {
   uint64_t rate_bytes_per_sec = 0;
   // Unused allowance a key may bank (TRAFFICRATE_BURST).

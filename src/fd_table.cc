@@ -1,9 +1,9 @@
 #include "src/fd_table.h"
 
 #include <sched.h>
-#include <sys/mman.h>
 
 #include "src/clock.h"
+#include "src/private_array.h"
 
 namespace trafficrate {
 namespace {
@@ -21,15 +21,13 @@ constexpr int64_t kUntrackWaitNs = kNsPerSec;
 
 FdTable* FdTable::Create(int capacity) {
   if (capacity <= 0) return nullptr;
-  const size_t bytes = sizeof(FdEntry) * static_cast<size_t>(capacity);
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) return nullptr;
-  return new FdTable(static_cast<FdEntry*>(mem), capacity);
+  FdEntry* entries = MapPrivateArray<FdEntry>(static_cast<size_t>(capacity));
+  if (entries == nullptr) return nullptr;
+  return new FdTable(entries, capacity);
 }
 
 FdTable::~FdTable() {
-  munmap(entries_, sizeof(FdEntry) * static_cast<size_t>(capacity_));
+  UnmapPrivateArray(entries_, static_cast<size_t>(capacity_));
 }
 
 void FdTable::NoteTracked(int fd) {

@@ -4,12 +4,12 @@
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "src/clock.h"
+#include "src/private_array.h"
 #include "src/share.h"
 
 namespace trafficrate {
@@ -120,24 +120,14 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       options_(options),
       watcher_(this, zone, logger, options),
       pid_(static_cast<int32_t>(getpid())) {
-  const size_t bytes = sizeof(LocalConn) * zone_->conn_capacity();
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem != MAP_FAILED) local_ = static_cast<LocalConn*>(mem);
-  const size_t key_bytes = sizeof(LocalKey) * zone_->key_capacity();
-  mem = mmap(nullptr, key_bytes, PROT_READ | PROT_WRITE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem != MAP_FAILED) key_local_ = static_cast<LocalKey*>(mem);
+  local_ = MapPrivateArray<LocalConn>(zone_->conn_capacity());
+  key_local_ = MapPrivateArray<LocalKey>(zone_->key_capacity());
 }
 
 Governor::~Governor() {
   StopWatcher();
-  if (local_ != nullptr) {
-    munmap(local_, sizeof(LocalConn) * zone_->conn_capacity());
-  }
-  if (key_local_ != nullptr) {
-    munmap(key_local_, sizeof(LocalKey) * zone_->key_capacity());
-  }
+  UnmapPrivateArray(local_, zone_->conn_capacity());
+  UnmapPrivateArray(key_local_, zone_->key_capacity());
 }
 
 int64_t Governor::LastSendNs(int fd) const {

@@ -180,11 +180,10 @@ class Governor {
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
   // Budget mode, this process's view of each key: the tick in which it
   // last decided it, and the largest packet its connections of the key send
-  // (LocalConn::packet_bytes) in this tick and in the one before.
+  // (LocalConn::packet_bytes) in that tick.
   struct LocalKey {
     uint32_t tick;
     uint32_t packet_bytes;
-    uint32_t last_packet_bytes;
   };
   LocalKey* key_local_ = nullptr;  // zone key_capacity entries
   uint32_t tick_ = 0;

@@ -23,7 +23,7 @@ namespace {
 // at least every half second: a syscall per connection per tick would cost
 // more than the whole budget allows at 10 000 connections.
 constexpr int64_t kMaxMeasureGapNs = 500 * kNsPerMs;
-constexpr uint64_t kTwoPacketsBytes = 2 * 1448;
+constexpr uint64_t kTwoPacketsBytes = 2 * kSegmentBytes;
 // The largest packet the kernel builds (GSO), the most one step counts as.
 constexpr uint64_t kMaxPacketBytes = 65536;
 // A key is decided at least this often.
@@ -132,21 +132,26 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   const uint64_t prev_left =
       local.measured_left.load(std::memory_order_relaxed);
   uint64_t rate = 0;
-  if (prev_ns != 0 && now_ns > prev_ns && left >= prev_left) {
-    const uint64_t inst = static_cast<uint64_t>(
-        static_cast<double>(left - prev_left) * kNsPerSec / (now_ns - prev_ns));
-    const uint64_t before = local.left_rate.load(std::memory_order_relaxed);
-    rate = before == 0 ? inst : (before + inst) / 2;
-  }
-  if (prev_ns != 0 && left > prev_left) {
-    // Bytes leave in whole packets (TSO: up to 64 KiB on fast paths), and
-    // a connection is measured about every two segments at its pace: what
-    // left between two measurements of a slow connection is a packet.
-    const uint32_t before = local.packet_bytes.load(std::memory_order_relaxed);
-    const uint64_t step = std::min<uint64_t>(left - prev_left, kMaxPacketBytes);
-    local.packet_bytes.store(
-        std::max<uint32_t>(static_cast<uint32_t>(step), before - before / 4),
-        std::memory_order_relaxed);
+  if (prev_ns != 0 && left >= prev_left) {
+    const uint64_t step = left - prev_left;
+    if (now_ns > prev_ns) {
+      const uint64_t inst = static_cast<uint64_t>(
+          static_cast<double>(step) * kNsPerSec / (now_ns - prev_ns));
+      const uint64_t before = local.left_rate.load(std::memory_order_relaxed);
+      rate = before == 0 ? inst : (before + inst) / 2;
+    }
+    if (step > 0) {
+      // Bytes leave in whole packets (TSO: up to 64 KiB on fast paths), and
+      // a connection is measured about every two segments at its pace:
+      // what left between two measurements of a slow connection is a
+      // packet.
+      const uint32_t before =
+          local.packet_bytes.load(std::memory_order_relaxed);
+      local.packet_bytes.store(
+          std::max(static_cast<uint32_t>(std::min(step, kMaxPacketBytes)),
+                   before - before / 4),
+          std::memory_order_relaxed);
+    }
   }
   local.measured_left.store(left, std::memory_order_relaxed);
   local.measured_ns.store(now_ns, std::memory_order_relaxed);
@@ -186,7 +191,10 @@ void Governor::EstimateConn(const LocalConn& local, ConnSlotShm& conn,
       static_cast<uint64_t>(static_cast<double>(rate) * (now_ns - since) /
                             kNsPerSec);
   // Less than a segment more: not worth a write to the key's shared line.
-  if (estimate < conn.bytes_left.load(std::memory_order_relaxed) + 1448) return;
+  if (estimate <
+      conn.bytes_left.load(std::memory_order_relaxed) + kSegmentBytes) {
+    return;
+  }
   Account(*zone_, conn,
           std::min(estimate, conn.bytes_sent.load(std::memory_order_relaxed)));
 }
@@ -203,9 +211,9 @@ void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
   // The first of the key's connections in this tick: the largest packet of
   // the last tick (or of this connection) is what the decision uses.
   local.tick = tick_;
-  local.last_packet_bytes = std::max(local.packet_bytes, packet_bytes);
+  const uint32_t largest = std::max(local.packet_bytes, packet_bytes);
   local.packet_bytes = packet_bytes;
-  DecideKey(k, local.last_packet_bytes, now_ns);
+  DecideKey(k, largest, now_ns);
 }
 
 void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
@@ -220,8 +228,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   int64_t every = kBudgetTickNs / 2;
   if (level > 0 && packet_bytes > 0) {
     every = std::clamp<int64_t>(
-        static_cast<int64_t>(static_cast<double>(packet_bytes) * kNsPerSec /
-                             static_cast<double>(level) / 4),
+        static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4),
         kBudgetTickNs / 2, kMaxDecideGapNs);
   }
   if (last != 0 && now_ns - last < every) return;
