@@ -222,19 +222,26 @@ class Download(threading.Thread):
     def _read_body(self, sock):
         buf = bytearray(self.RECV_SIZE)
         while self._running():
-            try:
-                n = sock.recv_into(buf)
-            except socket.timeout:
-                continue
-            now = time.monotonic()
-            if n == 0:
-                self.eof = True
+            if self._recv_into(sock, buf) == 0:
                 return
-            if self.first_byte_at is None:
-                self.first_byte_at = now
-            self.total += n
-            self.times.append(now)
-            self.totals.append(self.total)
+
+    def _recv_into(self, sock, buf, size=0):
+        """One recv of the body (at most `size` bytes, 0: the buffer's
+        length): counts and notes what came and returns its length; at the
+        end of the body sets eof and returns 0; None on a receive timeout."""
+        try:
+            n = sock.recv_into(buf, size)
+        except socket.timeout:
+            return None
+        now = time.monotonic()
+        if n == 0:
+            self.eof = True
+            return 0
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+        self.total += n
+        self._note(now)
+        return n
 
     def bytes_at(self, t):
         """Body bytes received by monotonic time t (as last seen by recv)."""
@@ -540,19 +547,11 @@ class PacedDownload(Download):
             if credit < self.READ_CHUNK:
                 self._stop_event.wait((self.READ_CHUNK - credit) / self.read_rate)
                 continue
-            try:
-                n = sock.recv_into(buf, int(credit))
-            except socket.timeout:
-                continue
-            now = time.monotonic()
+            n = self._recv_into(sock, buf, int(credit))
             if n == 0:
-                self.eof = True
                 return
-            if self.first_byte_at is None:
-                self.first_byte_at = now
-            credit -= n
-            self.total += n
-            self._note(now)
+            if n:  # None: a receive timeout, nothing came
+                credit -= n
 
 
 class _Fetch:

@@ -113,14 +113,20 @@ def stop_all(*things):
         t.join(max(0.0, deadline - time.monotonic()))
 
 
+def window_of(dset):
+    """Waits until dset's downloads started; returns the measuring window
+    (t0, t1): from WARMUP_S after the start, WINDOW_S long."""
+    started = dset.wait_started(10.0)
+    assert started, dset.errors()
+    return started + WARMUP_S, started + WARMUP_S + WINDOW_S
+
+
 def run_window(dset, zone):
     """Waits until dset's downloads started, then WARMUP_S; notes which pids
     serve them and the key's stat at that moment; waits out WINDOW_S; stops
     dset. Returns (t0, t1, pids by label, key_entry() at t0)."""
     try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
+        t0, t1 = window_of(dset)
         sleep_until(t0)
         seen = dset.pids_by_label()
         stat = key_entry(zone)
@@ -207,9 +213,7 @@ def test_short_connections_next_to_long_ones_keep_the_client_total(servers, lib_
     dset.start()
     shorts.start()
     try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
+        t0, t1 = window_of(dset)
         sleep_until(t0 + WINDOW_S / 2)
         entry, _, _ = key_entry(zone)
         sleep_until(t1 + 0.05)
@@ -264,9 +268,7 @@ def test_a_closed_connection_still_draining_keeps_its_place(servers, lib_env, zo
     dset.start()
     closing.start()
     try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
+        t0, t1 = window_of(dset)
         samples = []
         while time.monotonic() < t1:
             entry, _, _ = key_entry(zone)
@@ -392,9 +394,7 @@ def test_level_is_a_quarter_of_the_rate_with_four_downloads(servers, lib_env, zo
                                duration=WARMUP_S + WINDOW_S + 1.0).start()
     samples = []
     try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0, t1 = started + WARMUP_S, started + WARMUP_S + WINDOW_S
+        t0, t1 = window_of(dset)
         sleep_until(t0)
         while time.monotonic() < t1 and len(samples) < 40:
             entry, _, _ = key_entry(zone)
