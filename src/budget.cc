@@ -189,10 +189,15 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     // low once it is repaid, while a debt that keeps coming back (the
     // unpaced starts of a stream of new connections) is absorbed in the
     // end.
-    const double error = Clamp((rate - measured) / rate, -1.0, 1.0);
+    // The error is not clipped: bytes leave in packets, so the smoothed
+    // rate swings between little and a lump, and clipping the lumps would
+    // leave the boost rising on average while the key sends exactly its
+    // rate (the smoothing is linear, so its mean is the rate sent). Only a
+    // tick's step is bounded.
+    const double error = (rate - measured) / rate;
     const double balance_error = BalanceFactor(next, rate, pace) - 1;
     double boost = static_cast<double>(state.boost) / kBoostOne;
-    boost *= std::exp(error * dt / pace.integral_ns +
+    boost *= std::exp(Clamp(error * dt / pace.integral_ns, -1.0, 1.0) +
                       balance_error * dt / kBalanceIntegralNs);
     if (boost > 1 && pace.gap_ns <= 5 * kBudgetTickNs && now_rate > 2 * rate &&
         measured > 1.25 * rate) {

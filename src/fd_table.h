@@ -31,7 +31,10 @@ struct FdEntry {
   // Share token (settings generation << 32 | key generation) last applied.
   std::atomic<uint64_t> applied;
   std::atomic<uint32_t> busy;  // 1 while a thread acts on the socket
-  uint32_t reserved;
+  // Budget mode: the watcher's tick skips this fd until its tick number
+  // reaches this (0: visit at the next tick). Here, beside `state`, so that
+  // a skipped fd costs the watcher no other cache line.
+  std::atomic<uint32_t> visit_tick;
 };
 static_assert(sizeof(FdEntry) == 24);
 

@@ -98,18 +98,6 @@ bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
   return MakeConnKey(options.key, peer, peer_len, local, local_len, key);
 }
 
-// How long a connection with `queued` bytes still in its socket, paced at
-// `pace`, surely stays busy: three quarters of the time they take to leave,
-// at most a second (a raised pace drains it sooner; an idle connection then
-// holds its share a moment longer, never for good).
-int64_t IdleCheckDelayNs(uint64_t queued, uint64_t pace) {
-  constexpr int64_t kMaxDelayNs = kNsPerSec;
-  if (pace == 0) return 0;
-  const double ns = static_cast<double>(queued) * 0.75 * kNsPerSec /
-                    static_cast<double>(pace);
-  return ns >= kMaxDelayNs ? kMaxDelayNs : static_cast<int64_t>(ns);
-}
-
 }  // namespace
 
 Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
@@ -240,12 +228,14 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   }
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
+  entry.visit_tick.store(0, std::memory_order_relaxed);
   local_[conn].last_send_ns.store(now, std::memory_order_relaxed);
   local_[conn].next_measure_ns.store(0, std::memory_order_relaxed);
   local_[conn].measured_ns.store(0, std::memory_order_relaxed);
   local_[conn].left_rate.store(0, std::memory_order_relaxed);
   local_[conn].packet_bytes.store(0, std::memory_order_relaxed);
   local_[conn].next_idle_check_ns.store(0, std::memory_order_relaxed);
+  local_[conn].applied_ns.store(0, std::memory_order_relaxed);
   entry.state.store(PackState(conn, cookie), std::memory_order_release);
   table_->NoteTracked(fd);
 }
@@ -325,7 +315,10 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
     push = join && zone_->JoinLocked(index) && SiblingsSendingLocked(conn);
   }
   if (push) zone_->WakeWatchers();
-  if (join) ApplyIfChanged(fd, entry, state, conn);
+  if (join) {
+    entry.visit_tick.store(0, std::memory_order_relaxed);
+    ApplyIfChanged(fd, entry, state, conn);
+  }
 }
 
 void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
@@ -359,15 +352,17 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
   JoinSlow(fd, entry, fresh);
 }
 
-void Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
+bool Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
                               const ConnSlotShm& conn) {
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (k >= zone_->key_capacity()) return;
+  if (k >= zone_->key_capacity()) return false;
   const KeySlotShm& key = zone_->key(k);
-  if (ShareToken(key) == entry.applied.load(std::memory_order_relaxed)) return;
+  if (ShareToken(key) == entry.applied.load(std::memory_order_relaxed)) {
+    return false;
+  }
   // Pinned, so that a close cannot slip between our check and setsockopt,
   // and so that two threads never apply out of order.
-  if (!FdTable::TryPin(entry, state, /*wait=*/true)) return;
+  if (!FdTable::TryPin(entry, state, /*wait=*/true)) return false;
   const uint64_t token = ShareToken(key);
   const uint64_t share = ShareFor(key);
   if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &share, sizeof(share)) ==
@@ -377,6 +372,7 @@ void Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
   }
   entry.applied.store(token, std::memory_order_relaxed);
   FdTable::Unpin(entry);
+  return true;
 }
 
 void Governor::Release(uint64_t state) {
@@ -490,16 +486,18 @@ void Governor::ApplyChangedShares() {
 }
 
 void Governor::ExpireIdle(int64_t now_ns) {
+  // Budget mode: the tick's visits expire the sending connections
+  // (TickBudget); only TRAFFICRATE_AFTER's joins are left to this pass.
+  const bool budget = BudgetWanted();
+  if (budget && options_.after_bytes == 0) return;
   const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
   bool push = false;
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
-    uint64_t state = entry.state.load(std::memory_order_acquire);
+    const uint64_t state = entry.state.load(std::memory_order_acquire);
     if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
-    std::atomic<int64_t>& last_send = local_[StateConn(state)].last_send_ns;
-    const int64_t last = last_send.load(std::memory_order_relaxed);
     if (options_.after_bytes > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
@@ -509,46 +507,54 @@ void Governor::ExpireIdle(int64_t now_ns) {
       JoinSlow(fd, entry, state);
       continue;
     }
-    std::atomic<int64_t>& next_check =
-        local_[StateConn(state)].next_idle_check_ns;
-    if (now_ns - last < options_.idle_ns ||
-        now_ns < next_check.load(std::memory_order_relaxed) ||
-        !ConnValid(conn, state) ||
-        !conn.active.load(std::memory_order_relaxed) ||
-        conn.proc_index.load(std::memory_order_relaxed) != me) {
-      continue;
-    }
-    if (!FdTable::TryPin(entry, state, /*wait=*/false)) continue;
-    int queued = 0;
-    const int rc = ioctl(fd, SIOCOUTQ, &queued);
-    const int err = errno;
-    FdTable::Unpin(entry);
-    if (rc != 0 && (err == EBADF || err == ENOTTY || err == ENOTSOCK)) {
-      // Closed or reused behind our back (not through an interposed call).
-      if (entry.state.compare_exchange_strong(state, 0)) Release(state);
-      continue;
-    }
-    if (rc != 0) continue;
-    if (queued > 0) {
-      // Still sending what it queued: not idle before most of it can have
-      // left at its pace. One look per connection per tick would cost a
-      // system call each, 20 times a second, for every slow connection.
-      next_check.store(
-          now_ns + IdleCheckDelayNs(static_cast<uint64_t>(queued),
-                                    conn.share_bytes_per_sec.load(
-                                        std::memory_order_relaxed)),
-          std::memory_order_relaxed);
-      continue;
-    }
-    ZoneLock lock(*zone_);
-    if (!lock.ok()) return;
-    if (ConnValid(conn, state) &&
-        last_send.load(std::memory_order_relaxed) == last) {
-      push |=
-          zone_->LeaveLocked(StateConn(state)) && SiblingsSendingLocked(conn);
-    }
+    if (!budget && !ExpireIfIdle(fd, entry, state, conn, now_ns, &push)) break;
   }
   if (push) zone_->WakeWatchers();
+}
+
+bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
+                            const ConnSlotShm& conn, int64_t now_ns,
+                            bool* push) {
+  LocalConn& local = local_[StateConn(state)];
+  const int64_t last = local.last_send_ns.load(std::memory_order_relaxed);
+  if (now_ns - last < options_.idle_ns ||
+      now_ns < local.next_idle_check_ns.load(std::memory_order_relaxed) ||
+      !ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed) ||
+      conn.proc_index.load(std::memory_order_relaxed) !=
+          watcher_.proc_index()) {
+    return true;
+  }
+  if (!FdTable::TryPin(entry, state, /*wait=*/false)) return true;
+  int queued = 0;
+  const int rc = ioctl(fd, SIOCOUTQ, &queued);
+  const int err = errno;
+  FdTable::Unpin(entry);
+  if (rc != 0 && (err == EBADF || err == ENOTTY || err == ENOTSOCK)) {
+    // Closed or reused behind our back (not through an interposed call).
+    uint64_t expected = state;
+    if (entry.state.compare_exchange_strong(expected, 0)) Release(state);
+    return true;
+  }
+  if (rc != 0) return true;
+  if (queued > 0) {
+    // Still sending what it queued: not idle before most of it can have
+    // left at its pace. One look per connection per tick would cost a
+    // system call each, 20 times a second, for every slow connection.
+    local.next_idle_check_ns.store(
+        now_ns + IdleCheckDelayNs(
+                     static_cast<uint64_t>(queued),
+                     conn.share_bytes_per_sec.load(std::memory_order_relaxed)),
+        std::memory_order_relaxed);
+    return true;
+  }
+  ZoneLock lock(*zone_);
+  if (!lock.ok()) return false;
+  if (ConnValid(conn, state) &&
+      local.last_send_ns.load(std::memory_order_relaxed) == last) {
+    *push |=
+        zone_->LeaveLocked(StateConn(state)) && SiblingsSendingLocked(conn);
+  }
+  return true;
 }
 
 void Governor::ReapDead() {

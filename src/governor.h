@@ -100,13 +100,17 @@ class Governor {
   // socket since their last send.
   void ExpireIdle(int64_t now_ns);
   void ReapDead();
+  // The longest a budget-mode watcher sleeps between ticks.
+  static constexpr int64_t kMaxBudgetSleepNs = 100'000'000;
   // Budget mode (budget.h): whether the zone runs the shared budget, and
   // one tick of it: measures what left this process's sending sockets
   // (their bytes handed to the kernel minus SIOCOUTQNSD), adds it to their
   // keys, models the drain of closed connections, and for each key whose
   // lease it holds (or takes) decides the level and publishes it.
   bool BudgetWanted() const;
-  void TickBudget(int64_t now_ns);
+  // Returns when the next tick has work: the start of the first tick in
+  // which a connection is due for a visit, at most kMaxBudgetSleepNs away.
+  int64_t TickBudget(int64_t now_ns);
 
   // Stops the watcher thread and releases this process's liveness token, so
   // that the process looks dead to the zone (its registrations get reaped).
@@ -125,7 +129,15 @@ class Governor {
   // the socket (sent, not merely queued). One ioctl once they are queued.
   bool PastAfter(int fd, const ConnSlotShm& conn) const;
   void Reregister(int fd, FdEntry& entry, uint64_t state);
-  void ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
+  // One connection's idle check (ExpireIdle; TickBudget's visits in budget
+  // mode): it leaves its key when nothing was sent for TRAFFICRATE_IDLE and
+  // its socket has nothing queued. Sets *push if siblings must be told.
+  // False if the zone lock could not be had (try again next pass).
+  bool ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
+                    const ConnSlotShm& conn, int64_t now_ns, bool* push);
+  // Sets the socket's pacing to its key's share if that changed since it
+  // was last applied to this fd; true if it did.
+  bool ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
                       const ConnSlotShm& conn);
   void Release(uint64_t state);
   void AddLocalRef(uint32_t conn_index, uint32_t cookie);
@@ -142,12 +154,14 @@ class Governor {
   // key's share of the tick, and the drain of closed connections.
   void MeasureConn(int fd, FdEntry& entry, uint64_t state, ConnSlotShm& conn,
                    int64_t now_ns);
-  // Notes conn's packet size for its key this tick; decides the key if this
-  // is the first of its connections seen in the tick.
+  // Notes conn's packet size for its key; decides the key if this is the
+  // first of its connections seen in the tick.
   void NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
                      int64_t now_ns);
-  void DecideKey(uint32_t key_index, uint32_t packet_bytes, int64_t now_ns);
-  void TickDrains(int64_t now_ns);
+  // Whether the key was due for a decision (made here or elsewhere).
+  bool DecideKey(uint32_t key_index, uint32_t packet_bytes, int64_t now_ns);
+  // Whether any closed connection is still draining.
+  bool TickDrains(int64_t now_ns);
   // Budget mode, close: keeps a connection closed with unsent data in its
   // key until the kernel has sent it. False if it was not kept.
   bool KeepDraining(int fd, uint64_t state);
@@ -174,13 +188,19 @@ class Governor {
     std::atomic<uint32_t> packet_bytes;
     // ExpireIdle: not before this time (its queue cannot have drained).
     std::atomic<int64_t> next_idle_check_ns;
+    // Budget mode: when the watcher last applied a level to it.
+    std::atomic<int64_t> applied_ns;
   };
+  // Budget mode: whether a visit should re-apply a changed level now (see
+  // governor_budget.cc).
+  bool ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
+                uint32_t packet_bytes, int64_t now_ns) const;
   // Between measurements: adds what probably left conn's socket since.
   void EstimateConn(const LocalConn& local, ConnSlotShm& conn, int64_t now_ns);
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
   // Budget mode, this process's view of each key: the tick in which it
-  // last decided it, and the largest packet its connections of the key send
-  // (LocalConn::packet_bytes) in that tick.
+  // last tried to decide it, and the largest packet its connections of the
+  // key sent lately (LocalConn::packet_bytes; NoteAndDecide).
   struct LocalKey {
     uint32_t tick;
     uint32_t packet_bytes;

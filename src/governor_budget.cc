@@ -19,21 +19,45 @@
 namespace trafficrate {
 namespace {
 
-// A connection is measured about every two packets at its pacing rate, and
-// at least every half second: a syscall per connection per tick would cost
-// more than the whole budget allows at 10 000 connections.
-constexpr int64_t kMaxMeasureGapNs = 500 * kNsPerMs;
-constexpr uint64_t kTwoPacketsBytes = 2 * kSegmentBytes;
+// A connection is measured about every two segments at its pacing rate, and
+// at least every 2 s: a syscall per connection per tick would cost more than
+// the whole budget allows at 10 000 connections (1% of a core: about 1 us per
+// connection and second). Between measurements EstimateConn counts it at
+// the rate it was leaving, at most its pace.
+constexpr int64_t kMaxMeasureGapNs = 2 * kNsPerSec;
+constexpr uint64_t kTwoSegmentsBytes = 2 * kSegmentBytes;
 // The largest packet the kernel builds (GSO), the most one step counts as.
 constexpr uint64_t kMaxPacketBytes = 65536;
-// A key is decided at least this often.
-constexpr int64_t kMaxDecideGapNs = 200 * kNsPerMs;
+// A key is decided at least this often (its connections' packets are 2 s
+// apart or more then, and every time constant of the controller is two
+// packet gaps or more: KeyPace), and well within kBudgetMaxGapNs.
+constexpr int64_t kMaxDecideGapNs = 500 * kNsPerMs;
+// Connections visited this many ticks apart or more are visited in ticks
+// whose number is a multiple of it.
+constexpr uint32_t kVisitRoundTicks = 5;
+// A connection that is not sending here is looked at this many ticks
+// apart (half a second); its join makes it due at once.
+constexpr uint32_t kNotSendingVisitTicks = 25;
+// A watcher's visit re-applies a changed level at least this often.
+constexpr int64_t kMaxApplyGapNs = 4 * kNsPerSec;
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 
+// How long the tick may skip a connection sending `packet_bytes` packets
+// (0: not measured yet) at `pace`: a quarter of its packet gap, the interval
+// at which DecideKey decides such a key, and at most kMaxDecideGapNs. A new
+// level reaches the connection only at its next packet anyway; joins and
+// leaves reach it at once (ApplyChangedShares).
+int64_t VisitGapNs(uint32_t packet_bytes, uint64_t pace) {
+  if (packet_bytes == 0 || pace == 0) return 0;
+  return std::clamp<int64_t>(
+      static_cast<int64_t>(PacketGapNs(packet_bytes, pace) / 4), 0,
+      kMaxDecideGapNs);
+}
+
 int64_t MeasureGapNs(uint64_t pacing_bytes_per_sec) {
   if (pacing_bytes_per_sec == 0) return kBudgetTickNs;
-  const uint64_t gap = kTwoPacketsBytes * kNsPerSec / pacing_bytes_per_sec;
+  const uint64_t gap = kTwoSegmentsBytes * kNsPerSec / pacing_bytes_per_sec;
   return std::clamp<int64_t>(static_cast<int64_t>(gap), kBudgetTickNs,
                              kMaxMeasureGapNs);
 }
@@ -87,30 +111,85 @@ uint64_t Governor::ShareFor(const KeySlotShm& key) const {
                       rate, active);
 }
 
-void Governor::TickBudget(int64_t now_ns) {
-  if (local_ == nullptr || key_local_ == nullptr) return;
+int64_t Governor::TickBudget(int64_t now_ns) {
+  if (local_ == nullptr || key_local_ == nullptr) return now_ns + kBudgetTickNs;
   const uint32_t me = watcher_.proc_index();
-  ++tick_;
-  if (tick_ == 0) tick_ = 1;  // 0 means "never" in key_local_
+  // Ticks are numbered by time, so that a watcher with nothing due may sleep
+  // through some.
+  tick_ = static_cast<uint32_t>(now_ns / kBudgetTickNs);
+  if (tick_ == 0) tick_ = 1;  // 0 means "never" in key_local_ and visit_tick
+  uint32_t next_due = tick_ + kMaxBudgetSleepNs / kBudgetTickNs;
+  bool push = false;
   const int high_water = table_->high_water();
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
     if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
-    ConnSlotShm& conn = zone_->conn(StateConn(state));
-    if (!ConnValid(conn, state) ||
-        !conn.active.load(std::memory_order_relaxed) ||
-        conn.proc_index.load(std::memory_order_relaxed) != me) {
+    const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
+    if (visit != 0 && static_cast<int32_t>(tick_ - visit) < 0) {
+      if (static_cast<int32_t>(visit - next_due) < 0) next_due = visit;
       continue;
     }
-    MeasureConn(fd, entry, state, conn, now_ns);
-    NoteAndDecide(
-        conn,
-        local_[StateConn(state)].packet_bytes.load(std::memory_order_relaxed),
-        now_ns);
-    ApplyIfChanged(fd, entry, state, conn);
+    LocalConn& local = local_[StateConn(state)];
+    ConnSlotShm& conn = zone_->conn(StateConn(state));
+    uint32_t gap_ticks = kNotSendingVisitTicks;
+    if (ConnValid(conn, state) && conn.active.load(std::memory_order_relaxed) &&
+        conn.proc_index.load(std::memory_order_relaxed) == me) {
+      MeasureConn(fd, entry, state, conn, now_ns);
+      const uint32_t packet =
+          local.packet_bytes.load(std::memory_order_relaxed);
+      NoteAndDecide(conn, packet, now_ns);
+      if (ApplyDue(local, conn, packet, now_ns) &&
+          ApplyIfChanged(fd, entry, state, conn)) {
+        local.applied_ns.store(now_ns, std::memory_order_relaxed);
+      }
+      const uint64_t pace =
+          conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+      if (!ExpireIfIdle(fd, entry, state, conn, now_ns, &push)) {
+        gap_ticks = 1;
+      } else if (conn.active.load(std::memory_order_relaxed)) {
+        gap_ticks = static_cast<uint32_t>(
+            std::max<int64_t>(1, VisitGapNs(packet, pace) / kBudgetTickNs));
+      }
+    }
+    // Not sending here (idle, or another process's): looked at again only
+    // now and then; a join (JoinSlow) makes it due at once.
+    uint32_t next = tick_ + gap_ticks;
+    if (gap_ticks >= kVisitRoundTicks) {
+      // Slow connections are visited in common ticks, so that the watcher
+      // sleeps in between.
+      next += kVisitRoundTicks - next % kVisitRoundTicks;
+    }
+    if (next == 0) next = 1;
+    entry.visit_tick.store(next, std::memory_order_relaxed);
+    if (static_cast<int32_t>(next - next_due) < 0) next_due = next;
   }
-  TickDrains(now_ns);
+  if (push) zone_->WakeWatchers();
+  if (TickDrains(now_ns)) next_due = tick_ + 1;
+  // The start of tick next_due (tick numbers wrap; the difference does not).
+  const int64_t ticks =
+      std::max<int32_t>(1, static_cast<int32_t>(next_due - tick_));
+  return now_ns - now_ns % kBudgetTickNs + ticks * kBudgetTickNs;
+}
+
+bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
+                        uint32_t packet_bytes, int64_t now_ns) const {
+  const uint64_t pace =
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
+  if (pace == 0 || packet_bytes == 0 || k >= zone_->key_capacity()) return true;
+  // A raise is applied at once: a packet sent at the lower level holds its
+  // connection back for the old gap, and what it did not send then is lost.
+  // A cut reaches a connection only at its next packet anyway: one that
+  // sends packets far apart takes a lower level once per packet gap (a
+  // setsockopt per connection and tick would cost more than the whole
+  // budget allows; the level moves with every packet), unless it fell by a
+  // quarter or more.
+  const uint64_t level = ShareFor(zone_->key(k));
+  if (level >= pace || pace - level >= pace / 4) return true;
+  const int64_t every = std::min<int64_t>(
+      static_cast<int64_t>(PacketGapNs(packet_bytes, pace)), kMaxApplyGapNs);
+  return now_ns - local.applied_ns.load(std::memory_order_relaxed) >= every;
 }
 
 void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
@@ -163,10 +242,25 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   } else {
     Account(*zone_, conn, left);
   }
-  local.next_measure_ns.store(
-      now_ns + MeasureGapNs(
-                   conn.share_bytes_per_sec.load(std::memory_order_relaxed)),
-      std::memory_order_relaxed);
+  const uint64_t pace =
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  const int64_t next = now_ns + MeasureGapNs(pace);
+  local.next_measure_ns.store(next, std::memory_order_relaxed);
+  if (unsent > 0) {
+    // Bytes still to send: not idle before the next measurement, which
+    // looks again (ExpireIdle would spend a syscall of its own to learn it).
+    // The next measurement comes at the first tick that visits it after
+    // `next` (TickBudget: up to VisitGapNs later).
+    const int64_t idle_check = std::max(
+        next +
+            VisitGapNs(local.packet_bytes.load(std::memory_order_relaxed),
+                       pace) +
+            kBudgetTickNs,
+        now_ns + IdleCheckDelayNs(static_cast<uint64_t>(unsent), pace));
+    if (local.next_idle_check_ns.load(std::memory_order_relaxed) < idle_check) {
+      local.next_idle_check_ns.store(idle_check, std::memory_order_relaxed);
+    }
+  }
 }
 
 void Governor::EstimateConn(const LocalConn& local, ConnSlotShm& conn,
@@ -204,21 +298,21 @@ void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
   if (k >= zone_->key_capacity()) return;
   LocalKey& local = key_local_[k];
-  if (local.tick == tick_) {
-    local.packet_bytes = std::max(local.packet_bytes, packet_bytes);
-    return;
+  // The largest packet of the key's connections visited lately (decaying
+  // by a quarter per decision) is what its decisions use: slow connections
+  // are not visited every tick (TickBudget), so one tick's visits may hold
+  // none of them, or only new connections not yet measured.
+  local.packet_bytes = std::max(local.packet_bytes, packet_bytes);
+  if (local.tick == tick_) return;
+  local.tick = tick_;  // the first of the key's connections in this tick
+  if (DecideKey(k, local.packet_bytes, now_ns)) {
+    local.packet_bytes -= local.packet_bytes / 4;
   }
-  // The first of the key's connections in this tick: the largest packet of
-  // the last tick (or of this connection) is what the decision uses.
-  local.tick = tick_;
-  const uint32_t largest = std::max(local.packet_bytes, packet_bytes);
-  local.packet_bytes = packet_bytes;
-  DecideKey(k, largest, now_ns);
 }
 
-void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
+bool Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
                          int64_t now_ns) {
-  if (key_index >= zone_->key_capacity()) return;
+  if (key_index >= zone_->key_capacity()) return false;
   KeySlotShm& key = zone_->key(key_index);
   // A key whose connections send packets far apart is decided less often:
   // a new level reaches them only at their next packet anyway.
@@ -231,10 +325,11 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
         static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4),
         kBudgetTickNs / 2, kMaxDecideGapNs);
   }
-  if (last != 0 && now_ns - last < every) return;
-  if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;
+  if (last != 0 && now_ns - last < every) return false;
+  // Due: decided here, or by the lease holder in another process.
+  if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return true;
   BudgetState state = LoadBudget(key);
-  if (state.last_ns != last) return;  // decided a moment ago elsewhere
+  if (state.last_ns != last) return true;  // decided a moment ago elsewhere
   const uint64_t published = state.level_bytes_per_sec;
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
@@ -245,6 +340,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   StoreBudget(key, state);
   // Every watcher re-applies on its next tick; senders on their next send.
   if (changed) key.generation.fetch_add(1, std::memory_order_release);
+  return true;
 }
 
 bool Governor::KeepDraining(int fd, uint64_t state) {
@@ -285,11 +381,13 @@ bool Governor::KeepDraining(int fd, uint64_t state) {
   return true;
 }
 
-void Governor::TickDrains(int64_t now_ns) {
+bool Governor::TickDrains(int64_t now_ns) {
   const uint32_t me = watcher_.proc_index();
+  bool pending = false;
   for (int slot = 0; slot < kDrainSlots; ++slot) {
     const uint64_t packed = drains_[slot].load(std::memory_order_acquire);
     if (packed == 0) continue;
+    pending = true;
     const uint32_t index = static_cast<uint32_t>(packed >> 32);
     const uint64_t state = PackState(index, static_cast<uint32_t>(packed));
     if (index >= zone_->conn_capacity()) {
@@ -346,6 +444,7 @@ void Governor::TickDrains(int64_t now_ns) {
     drains_[slot].store(0, std::memory_order_release);
     if (push) zone_->WakeWatchers();
   }
+  return pending;
 }
 
 }  // namespace trafficrate

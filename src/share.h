@@ -18,6 +18,18 @@ inline uint64_t ShareBytesPerSec(uint64_t rate_bytes_per_sec, uint32_t active) {
   return share > 0 ? share : 1;
 }
 
+// How long a connection with `queued` bytes still in its socket, paced at
+// `pace` bytes/s, surely stays busy: three quarters of the time they take to
+// leave, at most a second (a raised pace drains it sooner; an idle connection
+// then holds its share a moment longer, never for good).
+inline int64_t IdleCheckDelayNs(uint64_t queued, uint64_t pace) {
+  constexpr int64_t kMaxDelayNs = 1'000'000'000;
+  if (pace == 0) return 0;
+  const double ns =
+      static_cast<double>(queued) * 0.75 * 1e9 / static_cast<double>(pace);
+  return ns >= kMaxDelayNs ? kMaxDelayNs : static_cast<int64_t>(ns);
+}
+
 }  // namespace trafficrate
 
 #endif  // TRAFFICRATE_SRC_SHARE_H_

@@ -555,6 +555,9 @@ uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns) {
     p.conns.store(0, std::memory_order_relaxed);
     p.started_ns = now_ns;
     p.state.store(kProcLive, std::memory_order_release);
+    if (header_->procs_high_water.load(std::memory_order_relaxed) <= i) {
+      header_->procs_high_water.store(i + 1, std::memory_order_release);
+    }
     return i;
   }
   header_->table_full.fetch_add(1, std::memory_order_relaxed);
@@ -596,7 +599,16 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
 uint32_t Zone::ReapDead(uint32_t* procs) {
   uint32_t conns = 0;
   uint32_t reaped_procs = 0;
-  for (uint32_t p = 0; p < proc_capacity(); ++p) {
+  // Only the slots ever claimed, but all of them now and then: a process of
+  // an older version claims slots without raising the high water.
+  uint32_t limit = proc_capacity();
+  const uint32_t high_water =
+      header_->procs_high_water.load(std::memory_order_acquire);
+  if (high_water != 0 && high_water < limit &&
+      reap_passes_++ % kFullReapEvery != 0) {
+    limit = high_water;
+  }
+  for (uint32_t p = 0; p < limit; ++p) {
     if (procs_[p].state.load(std::memory_order_acquire) != kProcLive ||
         !ProcMaybeDead(procs_[p])) {
       continue;

@@ -175,6 +175,10 @@ class Zone {
   KeySlotShm* keys_;
   ConnSlotShm* conns_;
   ProcSlotShm* procs_;
+  // ReapDead scans every process slot once in this many passes, and only
+  // those below the header's procs_high_water in between.
+  static constexpr uint32_t kFullReapEvery = 16;
+  uint32_t reap_passes_ = 0;  // the watcher's only
 };
 
 // Holds the zone lock for a scope. On EOWNERDEAD (the last holder died) the

@@ -128,7 +128,9 @@ struct ZoneHeaderShm {
   std::atomic<uint64_t> procs_reaped;
   std::atomic<uint64_t> conns_reaped;
   std::atomic<uint32_t> share_mode;  // ShareMode (budget.h), live setting
-  uint32_t reserved2;
+  // Highest process slot ever claimed, plus one; 0 in a zone made by an
+  // older version, which did not keep it. Only a bound for ReapDead's scan.
+  std::atomic<uint32_t> procs_high_water;
   std::atomic<uint64_t> burst_bytes;  // live setting; 0: DefaultBurstBytes
   uint8_t reserved1[88];
 };

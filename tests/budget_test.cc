@@ -127,8 +127,8 @@ class Sim {
   int ticks_applied() const { return ticks_applied_; }
 
  private:
-  // The watcher measures a connection about every two packets at its pace
-  // (20 ms .. 0.5 s), so the key's total lags what really left.
+  // The watcher measures a connection about every two segments at its pace
+  // (20 ms .. 2 s), so the key's total lags what really left.
   void Measure(SimConn& c) {
     if (c.measured_ns != 0 && now_ > c.measured_ns) {
       const double inst =
@@ -142,8 +142,7 @@ class Sim {
       c.measured = c.sent;
     }
     const double gap = 2 * kMss / std::max(c.cap, 1.0) * 1e9;
-    c.next_measure_ns =
-        now_ + static_cast<int64_t>(std::clamp(gap, 20e6, 500e6));
+    c.next_measure_ns = now_ + static_cast<int64_t>(std::clamp(gap, 20e6, 2e9));
   }
   // Between measurements the watcher estimates what left at the rate seen
   // between the last two (Governor::EstimateConn); the count only grows.

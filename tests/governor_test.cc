@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "src/budget.h"
 #include "src/clock.h"
 #include "src/config.h"
 #include "src/rules.h"
@@ -273,6 +274,35 @@ TEST_F(GovernorTest, ConnectionWithUnsentDataIsNotExpired) {
   gov_->ExpireIdle(MonotonicNowNs() + 2 * kLongIdleNs + kNsPerSec);
   EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
   EXPECT_EQ(Active(c.server), 0u);
+}
+
+TEST_F(GovernorTest, BudgetModeExpiresIdleConnectionsInTheTickNotThePass) {
+  StartGovernor(/*idle_ns=*/300 * kNsPerMs);
+  zone_->SetShare(ShareMode::kBudget, 0);
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  ASSERT_EQ(Send(c.server, 100), 100);
+  const uint32_t key = KeyIndex(c.server);
+  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  // The idle pass does nothing in budget mode (the tick visits the sending
+  // connections and expires them there), even long after the last send.
+  gov_->ExpireIdle(MonotonicNowNs() + 10 * kNsPerSec);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  // The watcher's tick does, once the 100 bytes are acknowledged and the
+  // idle time has passed.
+  EXPECT_TRUE(PollUntil([&] { return zone_->key(key).active.load() == 0; }));
+  gov_->BeforeSend(c.server);
+  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+}
+
+TEST_F(GovernorTest, BudgetTickWithNothingDueSleepsUpToATenthOfASecond) {
+  // No watcher runs: nothing here has joined.
+  StartGovernor();
+  zone_->SetShare(ShareMode::kBudget, 0);
+  const int64_t now = MonotonicNowNs();
+  const int64_t next = gov_->TickBudget(now);
+  EXPECT_GT(next, now + Governor::kMaxBudgetSleepNs - 2 * kBudgetTickNs);
+  EXPECT_LE(next, now + Governor::kMaxBudgetSleepNs);
 }
 
 TEST_F(GovernorTest, DuplicatedFdCountsOnceUntilBothAreClosed) {

@@ -59,7 +59,7 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, procs_reaped), 200u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, conns_reaped), 208u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, share_mode), 216u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved2), 220u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_high_water), 220u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, burst_bytes), 224u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 232u);
   EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 88u);

@@ -429,6 +429,63 @@ TEST_F(ZoneTest, ReapDeadReleasesEveryDeadProcessAndWakesWatchers) {
   EXPECT_EQ(zone->proc(me).conns.load(), 1u);
 }
 
+TEST_F(ZoneTest, ReapDeadScansTheClaimedSlotsAndNowAndThenAllOfThem) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  uint32_t me = kNoSlot;
+  {
+    ZoneLock lock(*zone);
+    me = zone->ClaimProcLocked(getpid(), 1);
+  }
+  ASSERT_NE(me, kNoSlot);
+  MutexReleaser release_me(&zone->proc(me).liveness);
+  EXPECT_EQ(zone->header().procs_high_water.load(), me + 1);
+  uint32_t procs = 0;
+  EXPECT_EQ(zone->ReapDead(&procs), 0u);  // the first pass: every slot
+  // A child claims the next slot and dies holding a connection; a second
+  // one does the same but lowers the high water again, as a process of an
+  // older version (which does not keep it) would leave it.
+  for (const bool lower : {false, true}) {
+    Pipe ready;
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      {
+        ZoneLock lock(*zone);
+        const uint32_t slot = zone->ClaimProcLocked(getpid(), 1);
+        TRAFFICRATE_CHILD_CHECK(slot != kNoSlot && slot > me);
+        TRAFFICRATE_CHILD_CHECK(RegisterLocked(*zone, 1, slot) != kNoSlot);
+        if (lower) {
+          zone->header().procs_high_water.store(me + 1);
+        }
+      }
+      WriteByte(ready.write_end());
+      _exit(0);  // dies holding its liveness mutex
+    }
+    ready.CloseWrite();
+    ASSERT_TRUE(ReadByte(ready.read_end()));
+    EXPECT_TRUE(ExitedWith(WaitChild(child), 0));
+    if (!lower) {
+      // Below the high water: the next pass finds it.
+      EXPECT_GT(zone->header().procs_high_water.load(), me + 1);
+      EXPECT_EQ(zone->ReapDead(&procs), 1u);
+      EXPECT_EQ(procs, 1u);
+      continue;
+    }
+    // Above it: not in the next pass, but within one full round.
+    EXPECT_EQ(zone->ReapDead(&procs), 0u);
+    uint32_t passes = 1;
+    uint32_t reaped = 0;
+    while (reaped == 0 && passes < 32) {
+      reaped = zone->ReapDead(&procs);
+      ++passes;
+    }
+    EXPECT_EQ(reaped, 1u);
+    EXPECT_LE(passes, 16u);
+  }
+  EXPECT_EQ(zone->proc(me).state.load(), kProcLive);
+}
+
 TEST_F(ZoneTest, ProcSlotsAreClaimedOncePerLivenessMutex) {
   std::unique_ptr<Zone> zone = Open(kMinZoneSize);
   ASSERT_NE(zone, nullptr);
