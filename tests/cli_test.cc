@@ -70,6 +70,24 @@ TEST(ParseArgsTest, MissingValueIsAnError) {
   EXPECT_EQ(p.status().message(), "--rate needs a value");
 }
 
+TEST(ParseArgsTest, AnOptionWhereAValueBelongsIsAMissingValue) {
+  absl::StatusOr<ParsedArgs> p = ParseArgs({"--zone", "--json"}, kSpecs, false);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().message(),
+            "--zone needs a value before --json (write --zone=VALUE for a "
+            "value that starts with -)");
+  p = ParseArgs({"--rate", "--help"}, kSpecs, false);
+  EXPECT_FALSE(p.ok());
+  // Given with '=', such a value is taken as it is.
+  p = ParseArgs({"--zone=--json"}, kSpecs, false);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->Get("--zone", ""), "--json");
+  // A value that is not one of the options is a value.
+  p = ParseArgs({"--zone", "-x"}, kSpecs, false);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->Get("--zone", ""), "-x");
+}
+
 TEST(ParseArgsTest, SwitchWithValueIsAnError) {
   absl::StatusOr<ParsedArgs> p = ParseArgs({"--json=yes"}, kSpecs, false);
   ASSERT_FALSE(p.ok());

@@ -93,6 +93,18 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
     } else if (eq != std::string::npos) {
       parsed.options[name] = arg.substr(eq + 1);
     } else if (i + 1 < args.size()) {
+      const std::string& next = args[i + 1];
+      const std::string next_name = next.substr(0, next.find('='));
+      bool next_is_option = next_name == "--help" || next_name == "-h";
+      for (const OptionSpec& s : specs) {
+        if (next_name == s.name) next_is_option = true;
+      }
+      if (next_is_option) {
+        // `--zone --json`: the value was left out, not "--json".
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, " needs a value before ", next_name, " (write ",
+                         name, "=VALUE for a value that starts with -)"));
+      }
       parsed.options[name] = args[++i];
     } else {
       return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
