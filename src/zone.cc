@@ -605,7 +605,8 @@ uint32_t Zone::ReapDead(uint32_t* procs) {
   const uint32_t high_water =
       header_->procs_high_water.load(std::memory_order_acquire);
   if (high_water != 0 && high_water < limit &&
-      reap_passes_++ % kFullReapEvery != 0) {
+      reap_passes_.fetch_add(1, std::memory_order_relaxed) % kFullReapEvery !=
+          0) {
     limit = high_water;
   }
   for (uint32_t p = 0; p < limit; ++p) {

@@ -19,6 +19,7 @@
 #ifndef TRAFFICRATE_SRC_ZONE_H_
 #define TRAFFICRATE_SRC_ZONE_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -178,7 +179,8 @@ class Zone {
   // ReapDead scans every process slot once in this many passes, and only
   // those below the header's procs_high_water in between.
   static constexpr uint32_t kFullReapEvery = 16;
-  uint32_t reap_passes_ = 0;  // the watcher's only
+  // Any thread may reap (the watcher, a test, the CLI).
+  std::atomic<uint32_t> reap_passes_{0};
 };
 
 // Holds the zone lock for a scope. On EOWNERDEAD (the last holder died) the
