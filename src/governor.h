@@ -158,8 +158,7 @@ class Governor {
   // first of its connections seen in the tick.
   void NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
                      int64_t now_ns);
-  // Whether the key was due for a decision (made here or elsewhere).
-  bool DecideKey(uint32_t key_index, uint32_t packet_bytes, int64_t now_ns);
+  void DecideKey(uint32_t key_index, uint32_t packet_bytes, int64_t now_ns);
   // Whether any closed connection is still draining.
   bool TickDrains(int64_t now_ns);
   // Budget mode, close: keeps a connection closed with unsent data in its
@@ -200,10 +199,13 @@ class Governor {
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
   // Budget mode, this process's view of each key: the tick in which it
   // last tried to decide it, and the largest packet its connections of the
-  // key sent lately (LocalConn::packet_bytes; NoteAndDecide).
+  // key sent (LocalConn::packet_bytes) in the window that began at
+  // window_tick and in the one before (NoteAndDecide).
   struct LocalKey {
     uint32_t tick;
     uint32_t packet_bytes;
+    uint32_t packet_before;
+    uint32_t window_tick;
   };
   LocalKey* key_local_ = nullptr;  // zone key_capacity entries
   uint32_t tick_ = 0;

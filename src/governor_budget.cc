@@ -40,6 +40,9 @@ constexpr uint32_t kVisitRoundTicks = 5;
 constexpr uint32_t kNotSendingVisitTicks = 25;
 // A watcher's visit re-applies a changed level at least this often.
 constexpr int64_t kMaxApplyGapNs = 4 * kNsPerSec;
+// NoteAndDecide's window for the largest packet of a key's connections
+// (a second: every sending connection is visited in it).
+constexpr uint32_t kPacketWindowTicks = kNsPerSec / kBudgetTickNs;
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 
@@ -298,21 +301,25 @@ void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
   if (k >= zone_->key_capacity()) return;
   LocalKey& local = key_local_[k];
-  // The largest packet of the key's connections visited lately (decaying
-  // by a quarter per decision) is what its decisions use: slow connections
-  // are not visited every tick (TickBudget), so one tick's visits may hold
-  // none of them, or only new connections not yet measured.
+  // The largest packet of the key's connections visited in this window of
+  // kPacketWindowTicks and the one before is what its decisions use: slow
+  // connections are not visited every tick (TickBudget, at most
+  // kMaxDecideGapNs apart), so one tick's visits may hold none of them, or
+  // only new connections not yet measured.
+  if (tick_ - local.window_tick >= kPacketWindowTicks) {
+    local.packet_before = local.packet_bytes;
+    local.packet_bytes = 0;
+    local.window_tick = tick_;
+  }
   local.packet_bytes = std::max(local.packet_bytes, packet_bytes);
   if (local.tick == tick_) return;
   local.tick = tick_;  // the first of the key's connections in this tick
-  if (DecideKey(k, local.packet_bytes, now_ns)) {
-    local.packet_bytes -= local.packet_bytes / 4;
-  }
+  DecideKey(k, std::max(local.packet_bytes, local.packet_before), now_ns);
 }
 
-bool Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
+void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
                          int64_t now_ns) {
-  if (key_index >= zone_->key_capacity()) return false;
+  if (key_index >= zone_->key_capacity()) return;
   KeySlotShm& key = zone_->key(key_index);
   // A key whose connections send packets far apart is decided less often:
   // a new level reaches them only at their next packet anyway.
@@ -325,11 +332,10 @@ bool Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
         static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4),
         kBudgetTickNs / 2, kMaxDecideGapNs);
   }
-  if (last != 0 && now_ns - last < every) return false;
-  // Due: decided here, or by the lease holder in another process.
-  if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return true;
+  if (last != 0 && now_ns - last < every) return;
+  if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;
   BudgetState state = LoadBudget(key);
-  if (state.last_ns != last) return true;  // decided a moment ago elsewhere
+  if (state.last_ns != last) return;  // decided a moment ago elsewhere
   const uint64_t published = state.level_bytes_per_sec;
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
@@ -340,7 +346,6 @@ bool Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   StoreBudget(key, state);
   // Every watcher re-applies on its next tick; senders on their next send.
   if (changed) key.generation.fetch_add(1, std::memory_order_release);
-  return true;
 }
 
 bool Governor::KeepDraining(int fd, uint64_t state) {
