@@ -91,6 +91,11 @@ bool Watcher::Claim() {
 }
 
 void Watcher::Run() {
+  // Before Claim publishes kRunning: a join pushed after EnsureStarted
+  // returns must find the change word moved, or the push is lost (the
+  // process's first connections would keep their old share until they send
+  // again).
+  uint32_t seen = zone_->ChangeWord();
   if (!Claim()) return;
   const uint32_t me = proc_.load(std::memory_order_relaxed);
   int64_t idle_tick = timing_.idle_ns / 4;
@@ -101,7 +106,6 @@ void Watcher::Run() {
   int64_t next_reap = now;
   int64_t next_budget = now + kBudgetTickNs;
   int64_t last_scan = 0;
-  uint32_t seen = zone_->ChangeWord();
   while (!stop_.load(std::memory_order_acquire)) {
     now = MonotonicNowNs();
     int64_t until = next_idle < next_reap ? next_idle : next_reap;
