@@ -29,11 +29,7 @@ uint32_t Register(Zone& zone, uint32_t n, uint32_t proc) {
 TEST_F(SnapshotTest, CountsKeysConnectionsAndProcesses) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
-  uint32_t proc;
-  {
-    ZoneLock lock(*zone);
-    proc = zone->ClaimProcLocked(getpid(), 1);
-  }
+  const uint32_t proc = ClaimProc(*zone);
   const uint32_t a = Register(*zone, 1, proc);
   const uint32_t b = Register(*zone, 1, proc);
   Register(*zone, 2, proc);
@@ -97,11 +93,7 @@ TEST_F(SnapshotTest, GarbageInTheSlotsIsReadWithoutACrash) {
 TEST_F(SnapshotTest, ReadingWhileAnotherThreadChangesTheZoneIsSafe) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
-  uint32_t proc;
-  {
-    ZoneLock lock(*zone);
-    proc = zone->ClaimProcLocked(getpid(), 1);
-  }
+  const uint32_t proc = ClaimProc(*zone);
   std::atomic<bool> stop{false};
   std::thread writer([&] {
     for (uint32_t round = 0; round < 200000 && !stop.load(); ++round) {

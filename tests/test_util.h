@@ -215,6 +215,13 @@ class ZoneFixture : public ZoneNameFixture {
     return zone.ok() ? std::move(*zone) : nullptr;
   }
 
+  // Claims a process slot for this process (its liveness mutex is then held
+  // by the calling thread); kNoSlot if none is free.
+  static uint32_t ClaimProc(Zone& zone) {
+    ZoneLock lock(zone);
+    return lock.ok() ? zone.ClaimProcLocked(getpid(), 1) : kNoSlot;
+  }
+
   // Registers a connection for key n, owned by proc; returns its slot.
   static uint32_t RegisterLocked(Zone& zone, uint32_t n, uint32_t proc,
                                  int fd = 7) {

@@ -250,11 +250,7 @@ TEST_F(ZoneTest, DeadProcessIsReapedAndALiveOneIsNot) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
   // This process: a live slot owning two connections of key 1, one sending.
-  uint32_t me = kNoSlot;
-  {
-    ZoneLock lock(*zone);
-    me = zone->ClaimProcLocked(getpid(), 1);
-  }
+  const uint32_t me = ClaimProc(*zone);
   ASSERT_NE(me, kNoSlot);
   MutexReleaser release_me(&zone->proc(me).liveness);
   {
@@ -377,11 +373,7 @@ TEST_F(ZoneTest, DeadProcessIsReapedAndALiveOneIsNot) {
 TEST_F(ZoneTest, ReapDeadReleasesEveryDeadProcessAndWakesWatchers) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
-  uint32_t me = kNoSlot;
-  {
-    ZoneLock lock(*zone);
-    me = zone->ClaimProcLocked(getpid(), 1);
-  }
+  const uint32_t me = ClaimProc(*zone);
   ASSERT_NE(me, kNoSlot);
   MutexReleaser release_me(&zone->proc(me).liveness);
   {
@@ -432,11 +424,7 @@ TEST_F(ZoneTest, ReapDeadReleasesEveryDeadProcessAndWakesWatchers) {
 TEST_F(ZoneTest, ReapDeadScansTheClaimedSlotsAndNowAndThenAllOfThem) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
-  uint32_t me = kNoSlot;
-  {
-    ZoneLock lock(*zone);
-    me = zone->ClaimProcLocked(getpid(), 1);
-  }
+  const uint32_t me = ClaimProc(*zone);
   ASSERT_NE(me, kNoSlot);
   MutexReleaser release_me(&zone->proc(me).liveness);
   EXPECT_EQ(zone->header().procs_high_water.load(), me + 1);
