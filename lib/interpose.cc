@@ -92,6 +92,28 @@ int Replace(int oldfd, int newfd, Call call) {
   return r;
 }
 
+// accept failing for want of fds while the library holds some (kept
+// drains, budget mode): they are given up and the call is made again, so
+// that the host never runs short of fds because of us.
+template <typename Call>
+int RetryOnOurFds(Call call) {
+  const int r = call();
+  if (r >= 0 || errno != EMFILE) return r;
+  Governor* gov = ActiveGovernor();
+  if (gov == nullptr) return r;
+  int released = 0;
+  AsLibrary(gov, [&](Governor& g) { released = g.ReleaseKeptDrains(); });
+  return released > 0 ? call() : r;
+}
+
+int AfterEpollCreate(int epfd) {
+  Governor* gov = epfd >= 0 ? ActiveGovernor() : nullptr;
+  if (gov != nullptr) {
+    AsLibrary(gov, [epfd](Governor& g) { g.OnEpollCreate(epfd); });
+  }
+  return epfd;
+}
+
 void BeforeCloseRange(unsigned int first, unsigned int last) {
   if (Governor* gov = ActiveGovernor()) {
     AsLibrary(gov, [&](Governor& g) { g.OnCloseRange(first, last); });
@@ -105,17 +127,39 @@ using trafficrate::g_real;
 
 TRAFFICRATE_EXPORT int accept(int fd, sockaddr* addr, socklen_t* len) {
   const socklen_t capacity = addr != nullptr && len != nullptr ? *len : 0;
-  const int r = g_real.accept ? g_real.accept(fd, addr, len)
-                              : syscall(SYS_accept, fd, addr, len);
+  const int r = trafficrate::RetryOnOurFds([&]() -> int {
+    return g_real.accept ? g_real.accept(fd, addr, len)
+                         : syscall(SYS_accept, fd, addr, len);
+  });
   return trafficrate::AfterAccept(r, addr, len, capacity);
 }
 
 TRAFFICRATE_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len,
                                int flags) {
   const socklen_t capacity = addr != nullptr && len != nullptr ? *len : 0;
-  const int r = g_real.accept4 ? g_real.accept4(fd, addr, len, flags)
-                               : syscall(SYS_accept4, fd, addr, len, flags);
+  const int r = trafficrate::RetryOnOurFds([&]() -> int {
+    return g_real.accept4 ? g_real.accept4(fd, addr, len, flags)
+                          : syscall(SYS_accept4, fd, addr, len, flags);
+  });
   return trafficrate::AfterAccept(r, addr, len, capacity);
+}
+
+TRAFFICRATE_EXPORT int epoll_create(int size) {
+#ifdef SYS_epoll_create
+  const int r = g_real.epoll_create ? g_real.epoll_create(size)
+                                    : syscall(SYS_epoll_create, size);
+#else
+  const int r = g_real.epoll_create ? g_real.epoll_create(size)
+                : size <= 0         ? (errno = EINVAL, -1)
+                                    : syscall(SYS_epoll_create1, 0);
+#endif
+  return trafficrate::AfterEpollCreate(r);
+}
+
+TRAFFICRATE_EXPORT int epoll_create1(int flags) {
+  const int r = g_real.epoll_create1 ? g_real.epoll_create1(flags)
+                                     : syscall(SYS_epoll_create1, flags);
+  return trafficrate::AfterEpollCreate(r);
 }
 
 TRAFFICRATE_EXPORT int close(int fd) {

@@ -34,6 +34,8 @@ int ResolveRealFunctions() {
   missing += !Resolve("accept", &r.accept);
   missing += !Resolve("accept4", &r.accept4);
   missing += !Resolve("close", &r.close);
+  missing += !Resolve("epoll_create", &r.epoll_create);
+  missing += !Resolve("epoll_create1", &r.epoll_create1);
   missing += !Resolve("close_range", &r.close_range);
   missing += !Resolve("closefrom", &r.closefrom);
   missing += !Resolve("dup", &r.dup);

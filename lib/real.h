@@ -18,6 +18,8 @@ struct RealFunctions {
   int (*accept)(int, sockaddr*, socklen_t*);
   int (*accept4)(int, sockaddr*, socklen_t*, int);
   int (*close)(int);
+  int (*epoll_create)(int);
+  int (*epoll_create1)(int);
   int (*close_range)(unsigned int, unsigned int, int);
   void (*closefrom)(int);
   int (*dup)(int);

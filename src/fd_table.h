@@ -41,6 +41,23 @@ static_assert(sizeof(FdEntry) == 24);
 inline constexpr uint64_t kTracked = 1ULL << 63;
 inline constexpr uint64_t kNeverApplied = ~0ULL;
 
+// The state of the library's own fd that keeps a closed connection's socket
+// open while its queue drains (Governor, budget mode): drain slot << 32,
+// and a connection index no zone has, so that every pass over the table
+// that looks for connections skips it. A close or dup2 of that fd number
+// by the host (a close-everything loop) finds the mark and tells the
+// Governor, which then stops using it.
+inline constexpr uint64_t kKeptDrain = 1ULL << 62;
+inline uint64_t KeptDrainState(uint32_t slot) {
+  return kKeptDrain | uint64_t{slot} << 32 | 0xffffffffu;
+}
+inline bool IsKeptDrain(uint64_t state) {
+  return (state & (kTracked | kKeptDrain)) == kKeptDrain;
+}
+inline uint32_t KeptDrainSlot(uint64_t state) {
+  return static_cast<uint32_t>(state >> 32) & 0x3fffffffu;
+}
+
 inline uint64_t PackState(uint32_t conn_index, uint32_t cookie) {
   return kTracked | (uint64_t{cookie & 0x7fffffffu} << 32) | conn_index;
 }

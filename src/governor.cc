@@ -4,6 +4,7 @@
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -114,6 +115,7 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
 
 Governor::~Governor() {
   StopWatcher();
+  ReleaseKeptDrains();
   UnmapPrivateArray(local_, zone_->conn_capacity());
   UnmapPrivateArray(key_local_, zone_->key_capacity());
 }
@@ -376,6 +378,12 @@ bool Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
 }
 
 void Governor::Release(uint64_t state) {
+  if (IsKeptDrain(state)) {
+    // The host closed or replaced the fd number of a kept drain (it closes
+    // every fd, say): the drain goes on, modelled, without it.
+    DropKept(KeptDrainSlot(state));
+    return;
+  }
   if (state == 0 || local_ == nullptr) return;
   const uint32_t index = StateConn(state);
   if (index >= zone_->conn_capacity() ||
@@ -404,12 +412,35 @@ void Governor::Release(uint64_t state) {
   if (push) zone_->WakeWatchers();
 }
 
-void Governor::OnClose(int fd) {
+void Governor::OnClose(int fd) { CloseFd(fd, /*may_keep_fd=*/true); }
+
+void Governor::CloseFd(int fd, bool may_keep_fd) {
+  for (std::atomic<int32_t>& epoll : epolls_) {
+    int32_t known = fd + 1;
+    if (epoll.load(std::memory_order_relaxed) == known) {
+      epoll.compare_exchange_strong(known, 0, std::memory_order_relaxed);
+    }
+  }
   const uint64_t state = Detach(fd);
   // Budget mode: a connection closed with data unsent keeps its place in
   // its key (and keeps counting) until the kernel has sent it.
-  if (state != 0 && BudgetWanted() && KeepDraining(fd, state)) return;
+  if (state != 0 && !IsKeptDrain(state) && BudgetWanted() &&
+      KeepDraining(fd, state, may_keep_fd)) {
+    return;
+  }
   Release(state);
+}
+
+void Governor::OnEpollCreate(int epfd) {
+  if (epfd < 0) return;
+  for (std::atomic<int32_t>& epoll : epolls_) {
+    int32_t free = 0;
+    if (epoll.compare_exchange_strong(free, epfd + 1,
+                                      std::memory_order_relaxed)) {
+      return;
+    }
+  }
+  epolls_unknown_.store(true, std::memory_order_relaxed);
 }
 
 uint64_t Governor::Detach(int fd) {
@@ -434,7 +465,14 @@ void Governor::OnCloseRange(unsigned int first, unsigned int last) {
   const unsigned int high_water =
       static_cast<unsigned int>(table_->high_water());
   for (unsigned int fd = first; fd < high_water && fd <= last; ++fd) {
-    OnClose(static_cast<int>(fd));
+    CloseFd(static_cast<int>(fd), /*may_keep_fd=*/false);
+  }
+  for (std::atomic<int32_t>& epoll : epolls_) {
+    const int32_t known = epoll.load(std::memory_order_relaxed);
+    if (known > 0 && static_cast<unsigned int>(known - 1) >= first &&
+        static_cast<unsigned int>(known - 1) <= last) {
+      epoll.store(0, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -442,8 +480,14 @@ void Governor::OnDup(int oldfd, int newfd) {
   FdEntry* from = table_->Get(oldfd);
   FdEntry* to = table_->Get(newfd);
   if (from == nullptr || to == nullptr || oldfd == newfd) return;
+  for (const std::atomic<int32_t>& epoll : epolls_) {
+    if (epoll.load(std::memory_order_relaxed) == oldfd + 1) {
+      OnEpollCreate(newfd);  // the same epoll set under another number
+      break;
+    }
+  }
   const uint64_t state = from->state.load(std::memory_order_acquire);
-  if (state == 0) return;
+  if (state == 0 || IsKeptDrain(state)) return;
   if (to->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*to));
   }
@@ -458,10 +502,20 @@ void Governor::AfterForkChild() {
   watcher_.AfterForkChild();
   pid_ = static_cast<int32_t>(getpid());
   table_->ClearPinsAfterFork();
-  // The parent's drains are the parent's to finish.
-  for (std::atomic<uint64_t>& drain : drains_) {
-    drain.store(0, std::memory_order_relaxed);
+  // The parent's drains are the parent's to finish; the fds that keep them
+  // open must not keep the sockets open for as long as the child lives.
+  for (int slot = 0; slot < kDrainSlots; ++slot) {
+    const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
+    if (kept >= 0) {
+      if (FdEntry* entry = table_->Get(kept)) {
+        entry->state.store(0, std::memory_order_relaxed);
+      }
+      syscall(SYS_close, kept);
+      drain_fd_[slot].store(0, std::memory_order_relaxed);
+    }
+    drains_[slot].store(0, std::memory_order_relaxed);
   }
+  kept_drains_.store(0, std::memory_order_relaxed);
 }
 
 uint32_t Governor::EnsureProc() { return watcher_.EnsureStarted(); }

@@ -87,6 +87,14 @@ class Governor {
   void OnDup(int oldfd, int newfd);
   // In the child, after fork: the watcher thread did not survive.
   void AfterForkChild();
+  // After epoll_create/epoll_create1 returned epfd. A socket kept open
+  // past the host's close (KeepDraining) is first taken out of the host's
+  // epoll sets, which would otherwise go on reporting it.
+  void OnEpollCreate(int epfd);
+  // After accept failed with EMFILE: closes the fds that keep closed
+  // connections draining (they drain on at the rate in force), so that the
+  // host can have them. Returns how many; the caller retries if any.
+  int ReleaseKeptDrains();
 
   // The process's slot in the zone, claiming it and starting the watcher
   // thread on first use. kNoSlot if that failed.
@@ -162,8 +170,23 @@ class Governor {
   // Whether any closed connection is still draining.
   bool TickDrains(int64_t now_ns);
   // Budget mode, close: keeps a connection closed with unsent data in its
-  // key until the kernel has sent it. False if it was not kept.
-  bool KeepDraining(int fd, uint64_t state);
+  // key until the kernel has sent it. False if it was not kept. With
+  // may_keep_fd, also keeps its socket open through a private duplicate
+  // (KeepFd), so that the level still reaches what it sends; not from
+  // close_range, which would close that duplicate right after.
+  bool KeepDraining(int fd, uint64_t state, bool may_keep_fd);
+  void CloseFd(int fd, bool may_keep_fd);
+  // A private duplicate of fd, above the host's fds, for drain `slot`,
+  // taken out of the host's epoll sets; -1 if it should not or cannot be.
+  int KeepFd(int fd, uint32_t slot);
+  // Drain `slot`'s kept fd has been untracked by whoever holds kept_drains_
+  // down by one: it is no longer used.
+  void DropKept(uint32_t slot);
+  // Measures and paces a kept drain; the bytes still unsent, or -1.
+  int64_t VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn,
+                    int64_t now_ns);
+  // Closes a kept drain's fd (the socket then drains on by itself).
+  void CloseKept(uint32_t slot);
 
   Zone* const zone_;
   FdTable* const table_;
@@ -211,7 +234,22 @@ class Governor {
   uint32_t tick_ = 0;
   // Closed connections still draining: (conn << 32 | cookie), 0 if free.
   static constexpr int kDrainSlots = 1024;
+  // A slot being filled in by KeepDraining; TickDrains leaves it alone.
+  static constexpr uint64_t kDrainFilling = ~0ULL;
   std::atomic<uint64_t> drains_[kDrainSlots] = {};
+  // Per drain slot: the kept fd + 1 (0: none, the drain is modelled at the
+  // rate in force at close), the share token last applied to it, and when
+  // it is next measured.
+  std::atomic<int32_t> drain_fd_[kDrainSlots] = {};
+  std::atomic<uint64_t> drain_token_[kDrainSlots] = {};
+  std::atomic<int64_t> drain_due_ns_[kDrainSlots] = {};
+  static constexpr int kMaxKeptDrains = 256;
+  std::atomic<int> kept_drains_{0};
+  // The host's epoll fds + 1 (0: free); epolls_unknown_ once there were
+  // more than fit, and then no fd is kept.
+  static constexpr int kMaxEpolls = 16;
+  std::atomic<int32_t> epolls_[kMaxEpolls] = {};
+  std::atomic<bool> epolls_unknown_{false};
   Watcher watcher_;
   int32_t pid_;
   mutable std::atomic<int64_t> last_full_log_ns_{0};

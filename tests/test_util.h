@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -314,14 +315,22 @@ class GovernorFixture : public ZoneNameFixture {
 
   // Connects from `from` (any 127.x address), accepts with plain ::accept and
   // tells the Governor. client_rcvbuf > 0 shrinks the client's receive
-  // buffer. Returns {-1, -1} on failure. Thread-safe.
-  Conn Connect(const char* from = "127.0.0.1", int client_rcvbuf = 0) const {
+  // buffer; client_mss > 0 makes the server send segments of that size, as
+  // on a 1500-byte path (this loopback's MTU is 64 KiB, and the kernel
+  // sends a connection's first 10 segments unpaced). Returns {-1, -1} on
+  // failure. Thread-safe.
+  Conn Connect(const char* from = "127.0.0.1", int client_rcvbuf = 0,
+               int client_mss = 0) const {
     Conn conn;
     conn.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (conn.client < 0) return Conn{};
     if (client_rcvbuf > 0) {
       setsockopt(conn.client, SOL_SOCKET, SO_RCVBUF, &client_rcvbuf,
                  sizeof(client_rcvbuf));
+    }
+    if (client_mss > 0) {
+      setsockopt(conn.client, IPPROTO_TCP, TCP_MAXSEG, &client_mss,
+                 sizeof(client_mss));
     }
     sockaddr_in local = Inet(from, 0);
     sockaddr_in server = Inet("127.0.0.1", port_);
@@ -345,8 +354,9 @@ class GovernorFixture : public ZoneNameFixture {
   }
 
   // Connects and keeps the connection for TearDown.
-  Conn Open(const char* from = "127.0.0.1", int client_rcvbuf = 0) {
-    Conn conn = Connect(from, client_rcvbuf);
+  Conn Open(const char* from = "127.0.0.1", int client_rcvbuf = 0,
+            int client_mss = 0) {
+    Conn conn = Connect(from, client_rcvbuf, client_mss);
     EXPECT_GE(conn.server, 0) << "cannot connect from " << from;
     conns_.push_back(conn);
     return conn;

@@ -23,6 +23,7 @@ scenario tells the modes apart. Run with -s to see the figures; they are in
 every assertion message too.
 """
 
+import socket
 import statistics
 import time
 
@@ -294,6 +295,92 @@ def test_a_closed_connection_still_draining_keeps_its_place(servers, lib_env, zo
         assert 0.95 * TARGET <= total <= 1.05 * TARGET, report
     else:
         assert total >= 1.10 * TARGET, report
+
+
+def fetch_closing(port, size, rate_change=None, timeout=30.0):
+    """One Range request for the first `size` bytes of the big file with
+    Connection: close from CLIENT, read flat out to the server's FIN.
+    rate_change: (seconds after the first body byte, callable) run once then.
+    Returns (body bytes, seconds from the first body byte to the FIN, times
+    of (monotonic, body bytes so far) after each recv, FIN seen)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.settimeout(1.0)
+    try:
+        sock.bind((CLIENT, 0))
+        sock.connect((harness.SERVER_HOST, port))
+        sock.sendall(("GET %s HTTP/1.1\r\nHost: x\r\nRange: bytes=0-%d\r\n"
+                      "Connection: close\r\n\r\n" % (harness.BIG_FILE, size - 1)
+                      ).encode())
+        head, body, first, marks, fin = b"", 0, None, [], False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                data = sock.recv(1 << 16)
+            except socket.timeout:
+                data = None
+            now = time.monotonic()
+            if data == b"":
+                fin = True
+                break
+            if data:
+                if head is not None:
+                    head += data
+                    if b"\r\n\r\n" not in head:
+                        continue
+                    data = head.split(b"\r\n\r\n", 1)[1]
+                    head = None
+                body += len(data)
+                if first is None and body:
+                    first = now
+                marks.append((now, body))
+            if rate_change and first is not None and now - first >= rate_change[0]:
+                rate_change[1]()
+                rate_change = None
+        return body, (marks[-1][0] - first) if first else None, marks, fin
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("share", SHARE_VALUES)
+def test_a_response_handed_whole_to_the_kernel_follows_a_rate_change(
+        servers, lib_env, zone, share):
+    """nginx (sndbuf=4m) hands a whole 256 KiB response to the kernel and
+    closes the socket at once, Connection: close. The rate is 100k; 0.5 s
+    into the response it is lowered to 25k (`trafficrate set`).
+    budget: the library keeps the closed socket open and paces it at the
+    level, so the rest (~200 KB) arrives at 25 KB/s: the response takes
+    about 8 s. Every byte arrives, then the FIN.
+    equal: the orphaned socket keeps the 100 KB/s it had at the close; the
+    response is done in about 2.6 s."""
+    server, _ = nginx2_sndbuf(servers, share_env(lib_env, share, rate="100k"),
+                              "4m")
+    size = 256 * 1024
+
+    def lower():
+        proc = harness.run_cli("set", "--zone", zone, "25k")
+        assert proc.returncode == 0, proc.stderr
+
+    body, seconds, marks, fin = fetch_closing(server.port, size, (0.5, lower))
+    # The rate of the last part (from 1.5 s on, once the change is in force).
+    late = [(t, b) for t, b in marks if t - marks[0][0] >= 1.5]
+    late_rate = ((late[-1][1] - late[0][1]) / (late[-1][0] - late[0][0])
+                 if len(late) >= 2 and late[-1][0] > late[0][0] else None)
+    report = ("%s, TRAFFICRATE_SHARE=%s: 256 KiB with Connection: close, rate "
+              "100k lowered to 25k after 0.5 s: %d body bytes in %s s, FIN %s; "
+              "from 1.5 s on %s B/s"
+              % (server.title, share, body, seconds, fin, late_rate))
+    print("\n" + report)
+    assert body == size and fin, report
+    if share == "budget":
+        assert seconds >= 6.0, report
+        assert late_rate is not None and harness.within(late_rate, 25 * 1024, 0.15), report
+    else:
+        assert seconds <= 4.0, report
+    # Nothing is left behind in the zone once the response is done.
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and key_entry(zone)[1]:
+        time.sleep(0.1)
+    assert not key_entry(zone)[1], harness.stat_json(zone)
 
 
 # --------------------------------------------------- 4. many connections
