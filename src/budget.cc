@@ -8,9 +8,12 @@ namespace {
 
 constexpr double kNsPerSecF = 1e9;
 constexpr double kTwoSegments = 2 * kSegmentBytes;
-// A key's packet size before any was measured: about what a new
-// connection's first TSO packets hold (its initial send buffer, 16 KiB).
-constexpr double kUnknownPacketBytes = 16384;
+// A key's packet size before any was measured (its connections' unpaced
+// first segments do not count): the largest the kernel builds, so that
+// the controller acts gently until it knows better. Connections that start
+// together owe for all their first segments at once, and a deep cut then
+// would silence each of them for a whole packet gap.
+constexpr double kUnknownPacketBytes = 65536;
 // Smoothing of the measured rate: stat shows it and the level follows it.
 constexpr double kMeasuredTauNs = 200e6;
 // How fast the boost follows the gap between the rate and what the key
@@ -35,8 +38,14 @@ constexpr double kMinBoost = 0.25;
 constexpr double kMaxBalanceEffect = 0.5;
 // Up to this gap between a connection's packets the controller has its
 // full authority (kMinBoost, kMaxBalanceEffect); beyond, less in
-// proportion.
-constexpr double kFullReachGapNs = 250e6;
+// proportion. Two seconds: a client opening more new connections than its
+// rate carries has a few hundred of them at a few KB/s, one or two
+// segments a second each, and their unpaced starts alone take half its
+// rate, so the level must go well below the equal share; 64 KiB packets at
+// a few KB/s (64 connections of a 500 KB/s client on a LAN path) are 8 s
+// or more apart, where a level set too low would silence a connection for
+// longer than a window can bear.
+constexpr double kFullReachGapNs = 2e9;
 constexpr double kMinReach = 0.25;
 // How long a connection's part of the count may lag what left, at most:
 // the watcher samples it about every two segments, at least every half

@@ -101,7 +101,7 @@ struct BudgetInput {
   uint64_t sent_bytes = 0;  // the key's bytes that left its sockets, ever
   uint32_t active = 0;      // its sending connections, in all processes
   // The largest packet its connections send (TSO: up to 64 KiB on fast
-  // paths); 0: unknown, taken as 16 KiB. A level change reaches a
+  // paths); 0: unknown, taken as 64 KiB. A level change reaches a
   // connection only after the packet in flight's gap: the controller is
   // slower when that gap is long.
   uint32_t packet_bytes = 0;

@@ -33,6 +33,9 @@ constexpr int64_t kMaxMeasureGapNs = 2 * kNsPerSec;
 constexpr uint64_t kTwoSegmentsBytes = 2 * kSegmentBytes;
 // The largest packet the kernel builds (GSO), the most one step counts as.
 constexpr uint64_t kMaxPacketBytes = 65536;
+// What a new connection sends before the kernel paces it: 10 segments
+// (tcp_update_skb_after_send).
+constexpr uint64_t kUnpacedStartBytes = 10 * kSegmentBytes;
 // A key is decided at least this often (its connections' packets are 2 s
 // apart or more then, and every time constant of the controller is two
 // packet gaps or more: KeyPace), and well within kBudgetMaxGapNs.
@@ -231,11 +234,12 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
       const uint64_t before = local.left_rate.load(std::memory_order_relaxed);
       rate = before == 0 ? inst : (before + inst) / 2;
     }
-    if (step > 0) {
+    if (step > 0 && prev_left >= kUnpacedStartBytes) {
       // Bytes leave in whole packets (TSO: up to 64 KiB on fast paths), and
       // a connection is measured about every two segments at its pace:
       // what left between two measurements of a slow connection is a
-      // packet.
+      // packet. Not its first segments, which the kernel sends at once
+      // (they are no packet of its pace).
       const uint32_t before =
           local.packet_bytes.load(std::memory_order_relaxed);
       local.packet_bytes.store(
