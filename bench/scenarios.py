@@ -61,8 +61,11 @@ def keepalive(bench):
                                      ("close", ("Connection: close",), 0.90)):
             rps = {m: [] for m in srvs}
             problems = []
+            order = list(srvs.items())
             for i in range(rounds):
-                for m, srv in srvs.items():
+                # Each round starts with another server: a run right after
+                # another one (or first in a round) is not always as fast.
+                for m, srv in order[i % len(order):] + order[:i % len(order)]:
                     value, errs = run_wrk(srv.port, seconds, headers)
                     rps[m].append(value)
                     problems += ["%s round %d: %s" % (m, i, e) for e in errs]
