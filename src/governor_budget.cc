@@ -58,13 +58,22 @@ constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 // kernel's fd table does not grow much for them.
 constexpr rlim_t kKeptFdBase = 4096;
 
+// The packet size a connection is scheduled by: what was measured, or
+// two segments until then (a slow connection takes seconds to get past
+// its unpaced first segments, which do not count).
+uint32_t PacketOrTwoSegments(uint32_t packet_bytes) {
+  return packet_bytes != 0 ? packet_bytes
+                           : static_cast<uint32_t>(kTwoSegmentsBytes);
+}
+
 // How long the tick may skip a connection sending `packet_bytes` packets
 // (0: not measured yet) at `pace`: a quarter of its packet gap, the interval
 // at which DecideKey decides such a key, and at most kMaxDecideGapNs. A new
 // level reaches the connection only at its next packet anyway; joins and
 // leaves reach it at once (ApplyChangedShares).
 int64_t VisitGapNs(uint32_t packet_bytes, uint64_t pace) {
-  if (packet_bytes == 0 || pace == 0) return 0;
+  if (pace == 0) return 0;
+  packet_bytes = PacketOrTwoSegments(packet_bytes);
   return std::clamp<int64_t>(
       static_cast<int64_t>(PacketGapNs(packet_bytes, pace) / 4), 0,
       kMaxDecideGapNs);
@@ -192,7 +201,8 @@ bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
   const uint64_t pace =
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (pace == 0 || packet_bytes == 0 || k >= zone_->key_capacity()) return true;
+  if (pace == 0 || k >= zone_->key_capacity()) return true;
+  packet_bytes = PacketOrTwoSegments(packet_bytes);
   // A raise is applied at once: a packet sent at the lower level holds its
   // connection back for the old gap, and what it did not send then is lost.
   // A cut reaches a connection only at its next packet anyway: one that
