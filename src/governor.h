@@ -120,6 +120,11 @@ class Governor {
   // which a connection is due for a visit, at most kMaxBudgetSleepNs away.
   int64_t TickBudget(int64_t now_ns);
 
+  // Outside budget mode (another process of the zone switched it): the
+  // drains of connections closed while it was on still end, and kept fds
+  // are closed as their queues empty, rather than never.
+  void FinishDrains(int64_t now_ns);
+
   // Stops the watcher thread and releases this process's liveness token, so
   // that the process looks dead to the zone (its registrations get reaped).
   void StopWatcher();

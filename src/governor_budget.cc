@@ -540,6 +540,20 @@ int64_t Governor::VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn,
   return unsent;
 }
 
+void Governor::FinishDrains(int64_t now_ns) {
+  if (kept_drains_.load(std::memory_order_relaxed) == 0) {
+    bool any = false;
+    for (const std::atomic<uint64_t>& drain : drains_) {
+      if (drain.load(std::memory_order_relaxed) != 0) {
+        any = true;
+        break;
+      }
+    }
+    if (!any) return;
+  }
+  TickDrains(now_ns);
+}
+
 bool Governor::TickDrains(int64_t now_ns) {
   const uint32_t me = watcher_.proc_index();
   bool pending = false;
@@ -628,8 +642,10 @@ bool Governor::TickDrains(int64_t now_ns) {
       remaining = 0;
     }
     conn.drain_bytes.store(remaining, std::memory_order_relaxed);
-    NoteAndDecide(conn, local.packet_bytes.load(std::memory_order_relaxed),
-                  now_ns);
+    if (BudgetWanted()) {
+      NoteAndDecide(conn, local.packet_bytes.load(std::memory_order_relaxed),
+                    now_ns);
+    }
     if (!done) continue;
     if (drain_fd_[slot].load(std::memory_order_relaxed) != 0) {
       CloseKept(static_cast<uint32_t>(slot));

@@ -128,6 +128,7 @@ void Watcher::Run() {
     if (budget && now >= next_budget) {
       next_budget = governor_->TickBudget(now);
     } else if (!budget) {
+      governor_->FinishDrains(now);
       next_budget = now + kBudgetTickNs;
     }
     if (now + slack >= next_idle) {

@@ -140,6 +140,22 @@ TEST_F(GovernorDrainTest, KeptSocketTakesALevelChange) {
   EXPECT_TRUE(got.eof);
 }
 
+TEST_F(GovernorDrainTest, DrainEndsAfterAnotherProcessSwitchesToEqualShares) {
+  Conn c = Queued();
+  const ino_t ino = InodeOf(c.server);
+  CloseServer(c.server);
+  ASSERT_GE(FdOfInode(ino), 0);
+  // Another process of the zone starts with TRAFFICRATE_SHARE=equal: the
+  // budget's ticks stop, but the kept socket is still closed once sent,
+  // and the connection leaves its key.
+  zone_->SetShare(ShareMode::kEqual, 0);
+  const Received got = ReadAll(c.client);
+  EXPECT_EQ(got.bytes, kQueued);
+  EXPECT_TRUE(got.eof);
+  EXPECT_TRUE(PollUntil([&] { return FdOfInode(ino) < 0; }));
+  EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
+}
+
 TEST_F(GovernorDrainTest, KeptSocketIsTakenOutOfTheHostsEpollSets) {
   Conn c = Queued();
   const int known = epoll_create1(EPOLL_CLOEXEC);
