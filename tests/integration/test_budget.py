@@ -23,8 +23,10 @@ scenario tells the modes apart. Run with -s to see the figures; they are in
 every assertion message too.
 """
 
+import json
 import socket
 import statistics
+import subprocess
 import time
 
 import pytest
@@ -381,6 +383,64 @@ def test_a_response_handed_whole_to_the_kernel_follows_a_rate_change(
     while time.monotonic() < deadline and key_entry(zone)[1]:
         time.sleep(0.1)
     assert not key_entry(zone)[1], harness.stat_json(zone)
+
+
+# A process under the library (budget mode, 100k) that accepts a connection
+# from CLIENT, registers it in an epoll set (edge-triggered, as servers do),
+# queues 150 kB with a 1 MB send buffer and closes it at once; the client
+# then writes a byte. It prints which fds above 100 it holds after the close
+# and what the epoll set reports for the closed fd.
+EPOLL_AFTER_CLOSE = r"""
+import json, os, select, socket, sys
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen()
+c = socket.socket(); c.bind((sys.argv[1], 0)); c.connect(ls.getsockname())
+s, _ = ls.accept()
+ep = select.epoll()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+ep.register(s.fileno(), select.EPOLLIN | select.EPOLLET)
+s.sendall(b"x" * 150000)
+s.close()
+high = sorted(int(f) for f in os.listdir("/proc/self/fd") if int(f) > 100
+              and os.readlink("/proc/self/fd/" + f).startswith("socket:"))
+c.send(b"y")
+events = ep.poll(1.0)
+got, reset = 0, False
+c.settimeout(10)
+try:
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        got += len(d)
+except ConnectionResetError:
+    reset = True  # the host never read the byte: its close resets
+print(json.dumps({"kept": high, "events": events, "received": got,
+                  "reset": reset}))
+"""
+
+
+@pytest.mark.parametrize("share", SHARE_VALUES)
+def test_a_kept_socket_is_taken_out_of_the_hosts_epoll_set(lib_env, share):
+    """Through the real interposers (epoll_create1, close): budget mode keeps
+    the closed socket open through an fd of its own, and the host's epoll
+    set, which the socket was taken out of before the close, reports
+    nothing for the fd the host closed when the client writes to it. The
+    byte is never read, so the connection ends in a reset, as it does
+    without the library (there at once, here once the queue is sent).
+    equal mode keeps nothing."""
+    env = harness.server_environment(lib_env("100k", SHARE=share))
+    proc = subprocess.run([harness.PYTHON, "-c", EPOLL_AFTER_CLOSE, CLIENT],
+                          capture_output=True, text=True, timeout=60, env=env)
+    report = "TRAFFICRATE_SHARE=%s: rc %d, %s %s" % (share, proc.returncode,
+                                                     proc.stdout, proc.stderr)
+    assert proc.returncode == 0, report
+    out = json.loads(proc.stdout)
+    assert out["events"] == [], report
+    if share == "budget":
+        assert len(out["kept"]) == 1, report
+        assert out["received"] > 0, report
+    else:
+        assert out["kept"] == [], report
 
 
 # --------------------------------------------------- 4. many connections
