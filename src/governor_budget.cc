@@ -203,15 +203,20 @@ bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
   if (pace == 0 || k >= zone_->key_capacity()) return true;
   packet_bytes = PacketOrTwoSegments(packet_bytes);
-  // A raise is applied at once: a packet sent at the lower level holds its
-  // connection back for the old gap, and what it did not send then is lost.
-  // A cut reaches a connection only at its next packet anyway: one that
-  // sends packets far apart takes a lower level once per packet gap (a
-  // setsockopt per connection and tick would cost more than the whole
-  // budget allows; the level moves with every packet), unless it fell by a
-  // quarter or more.
+  // A raise of an eighth or more is applied at once: a packet sent at the
+  // lower level holds its connection back for the old gap, and what it did
+  // not send then is lost. A cut reaches a connection only at its next
+  // packet anyway. So one that sends packets far apart takes a smaller
+  // raise, or a lower level, once per packet gap (a setsockopt per
+  // connection and tick would cost more than the whole budget allows; the
+  // level moves with every packet), unless it fell by a quarter or more.
   const uint64_t level = ShareFor(zone_->key(k));
-  if (level >= pace || pace - level >= pace / 4) return true;
+  // Within a sixteenth: not worth a setsockopt (the key's level moves by
+  // that much with every packet; the controller answers for the total).
+  if ((level > pace ? level - pace : pace - level) < pace / 16) return false;
+  if (level > pace ? level - pace >= pace / 8 : pace - level >= pace / 4) {
+    return true;
+  }
   const int64_t every = std::min<int64_t>(
       static_cast<int64_t>(PacketGapNs(packet_bytes, pace)), kMaxApplyGapNs);
   return now_ns - local.applied_ns.load(std::memory_order_relaxed) >= every;
