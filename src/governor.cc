@@ -366,14 +366,19 @@ bool Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
   // and so that two threads never apply out of order.
   if (!FdTable::TryPin(entry, state, /*wait=*/true)) return false;
   const uint64_t token = ShareToken(key);
-  const uint64_t share = ShareFor(key);
-  if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &share, sizeof(share)) ==
-      0) {
-    const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
-        share, std::memory_order_relaxed);
-  }
+  SetPacing(fd, conn, ShareFor(key));
   entry.applied.store(token, std::memory_order_relaxed);
   FdTable::Unpin(entry);
+  return true;
+}
+
+bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
+  if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) !=
+      0) {
+    return false;
+  }
+  const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
+      rate, std::memory_order_relaxed);
   return true;
 }
 

@@ -152,6 +152,9 @@ class Governor {
   // was last applied to this fd; true if it did.
   bool ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
                       const ConnSlotShm& conn);
+  // SO_MAX_PACING_RATE of fd to `rate`, noted as conn's pacing in the
+  // zone; false (nothing noted) if the kernel refused it.
+  bool SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate);
   void Release(uint64_t state);
   void AddLocalRef(uint32_t conn_index, uint32_t cookie);
   bool DropLocalRef(uint32_t conn_index, uint32_t cookie);
@@ -188,10 +191,10 @@ class Governor {
   // down by one: it is no longer used.
   void DropKept(uint32_t slot);
   // Measures and paces a kept drain; the bytes still unsent, or -1.
-  int64_t VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn,
-                    int64_t now_ns);
-  // Closes a kept drain's fd (the socket then drains on by itself).
-  void CloseKept(uint32_t slot);
+  int64_t VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn);
+  // Closes drain `slot`'s kept fd, if it has one (the socket then drains on
+  // by itself); true if it did.
+  bool CloseKept(uint32_t slot);
 
   Zone* const zone_;
   FdTable* const table_;

@@ -412,11 +412,7 @@ bool Governor::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
     const uint64_t level = ShareFor(zone_->key(k));
     const uint64_t pace =
         conn.share_bytes_per_sec.load(std::memory_order_relaxed);
-    if (level > 0 && (pace == 0 || level < pace) &&
-        setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &level, sizeof(level)) ==
-            0) {
-      conn.share_bytes_per_sec.store(level, std::memory_order_relaxed);
-    }
+    if (level > 0 && (pace == 0 || level < pace)) SetPacing(fd, conn, level);
   }
   Account(*zone_, conn,
           LeftOf(conn.bytes_sent.load(std::memory_order_relaxed), unsent));
@@ -451,10 +447,9 @@ int Governor::KeepFd(int fd, uint32_t slot) {
     return -1;
   }
   // Above the host's fds (half its limit, at most kKeptFdBase and within
-  // the fd table), and at most
-  // one in 16 of its limit, so that the host never runs short of fds
-  // because of us (an accept that does anyway gets them back:
-  // ReleaseKeptDrains).
+  // the fd table), and at most one in 16 of its limit, so that the host
+  // never runs short of fds because of us (an accept that does anyway gets
+  // them back: ReleaseKeptDrains).
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur < 64 ||
       static_cast<rlim_t>(kept_drains_.load(std::memory_order_relaxed)) >=
@@ -492,33 +487,32 @@ void Governor::DropKept(uint32_t slot) {
   kept_drains_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void Governor::CloseKept(uint32_t slot) {
+bool Governor::CloseKept(uint32_t slot) {
   const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
   FdEntry* entry = kept >= 0 ? table_->Get(kept) : nullptr;
-  if (entry == nullptr) return;
-  uint64_t expected = KeptDrainState(slot);
+  if (entry == nullptr) return false;
+  const uint64_t expected = KeptDrainState(slot);
   // Whoever clears the mark owns the fd: a host close racing this one
   // (Release) only drops it from the books.
-  if (entry->state.load(std::memory_order_acquire) != expected) return;
-  if (FdTable::Untrack(*entry) != expected) return;
+  if (entry->state.load(std::memory_order_acquire) != expected ||
+      FdTable::Untrack(*entry) != expected) {
+    return false;
+  }
   DropKept(slot);
   syscall(SYS_close, kept);
+  return true;
 }
 
 int Governor::ReleaseKeptDrains() {
   if (kept_drains_.load(std::memory_order_relaxed) == 0) return 0;
   int released = 0;
   for (int slot = 0; slot < kDrainSlots; ++slot) {
-    if (drain_fd_[slot].load(std::memory_order_relaxed) == 0) continue;
-    const int before = kept_drains_.load(std::memory_order_relaxed);
-    CloseKept(static_cast<uint32_t>(slot));
-    released += before != kept_drains_.load(std::memory_order_relaxed);
+    released += CloseKept(static_cast<uint32_t>(slot));
   }
   return released;
 }
 
-int64_t Governor::VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn,
-                            int64_t now_ns) {
+int64_t Governor::VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr ||
       !FdTable::TryPin(*entry, KeptDrainState(slot), /*wait=*/false)) {
@@ -532,32 +526,15 @@ int64_t Governor::VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn,
     const uint64_t token = ShareToken(key);
     const uint64_t level = ShareFor(key);
     if (token != drain_token_[slot].load(std::memory_order_relaxed) &&
-        level > 0 &&
-        setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &level, sizeof(level)) ==
-            0) {
-      const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
-          level, std::memory_order_relaxed);
+        level > 0 && SetPacing(fd, conn, level)) {
       drain_token_[slot].store(token, std::memory_order_relaxed);
     }
   }
   FdTable::Unpin(*entry);
-  (void)now_ns;
   return unsent;
 }
 
-void Governor::FinishDrains(int64_t now_ns) {
-  if (kept_drains_.load(std::memory_order_relaxed) == 0) {
-    bool any = false;
-    for (const std::atomic<uint64_t>& drain : drains_) {
-      if (drain.load(std::memory_order_relaxed) != 0) {
-        any = true;
-        break;
-      }
-    }
-    if (!any) return;
-  }
-  TickDrains(now_ns);
-}
+void Governor::FinishDrains(int64_t now_ns) { TickDrains(now_ns); }
 
 bool Governor::TickDrains(int64_t now_ns) {
   const uint32_t me = watcher_.proc_index();
@@ -571,14 +548,14 @@ bool Governor::TickDrains(int64_t now_ns) {
     const uint64_t state = PackState(index, static_cast<uint32_t>(packed));
     const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
     if (index >= zone_->conn_capacity()) {
-      if (kept >= 0) CloseKept(static_cast<uint32_t>(slot));
+      CloseKept(static_cast<uint32_t>(slot));
       drains_[slot].store(0, std::memory_order_release);
       continue;
     }
     ConnSlotShm& conn = zone_->conn(index);
     if (!ConnValid(conn, state) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
-      if (kept >= 0) CloseKept(static_cast<uint32_t>(slot));
+      CloseKept(static_cast<uint32_t>(slot));
       drains_[slot].store(0, std::memory_order_release);  // reaped meanwhile
       continue;
     }
@@ -601,8 +578,7 @@ bool Governor::TickDrains(int64_t now_ns) {
               drain_token_[slot].load(std::memory_order_relaxed)))) {
       // Kept open: measured (and paced at the level) like a sending
       // connection, about twice per remaining drain time.
-      const int64_t unsent =
-          VisitKept(static_cast<uint32_t>(slot), kept, conn, now_ns);
+      const int64_t unsent = VisitKept(static_cast<uint32_t>(slot), kept, conn);
       if (unsent >= 0) {
         measured = true;
         Account(
@@ -652,9 +628,7 @@ bool Governor::TickDrains(int64_t now_ns) {
                     now_ns);
     }
     if (!done) continue;
-    if (drain_fd_[slot].load(std::memory_order_relaxed) != 0) {
-      CloseKept(static_cast<uint32_t>(slot));
-    }
+    CloseKept(static_cast<uint32_t>(slot));
     bool push = false;
     {
       ZoneLock lock(*zone_);
