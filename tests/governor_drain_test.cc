@@ -101,58 +101,68 @@ class GovernorDrainTest : public testing_util::GovernorFixture {
     EXPECT_EQ(Send(c.server, bytes), static_cast<ssize_t>(bytes));
     return c;
   }
+
+  // Queued(), then closed as the host does: the host's (now closed) fd
+  // number, the socket's inode, and the fd the Governor keeps it open with
+  // (-1 if none).
+  struct Closed {
+    Conn conn;
+    int fd = -1;
+    ino_t ino = 0;
+    int kept = -1;
+  };
+  Closed QueuedAndClosed() {
+    Closed closed;
+    closed.conn = Queued();
+    closed.fd = closed.conn.server;
+    closed.ino = InodeOf(closed.fd);
+    CloseServer(closed.fd);
+    closed.kept = FdOfInode(closed.ino);
+    return closed;
+  }
 };
 
 TEST_F(GovernorDrainTest, ClosedSocketStaysOpenUntilItsQueueHasLeft) {
-  Conn c = Queued();
-  const ino_t ino = InodeOf(c.server);
-  const int fd = c.server;
-  CloseServer(c.server);
-  const int kept = FdOfInode(ino);
-  ASSERT_GE(kept, 0) << "no fd keeps the closed socket open";
-  EXPECT_NE(kept, fd);
-  EXPECT_EQ(fcntl(kept, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+  const Closed k = QueuedAndClosed();
+  ASSERT_GE(k.kept, 0) << "no fd keeps the closed socket open";
+  EXPECT_NE(k.kept, k.fd);
+  EXPECT_EQ(fcntl(k.kept, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
   // Still its key's: counted, and paced at the level.
   EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(Pacing(kept), kSlowRate);
+  EXPECT_EQ(Pacing(k.kept), kSlowRate);
   // The client gets every byte and then the end of the stream: the kept fd
   // is closed once the queue is empty, and the FIN follows the data.
-  const Received got = ReadAll(c.client);
+  const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
   EXPECT_FALSE(got.reset);
-  EXPECT_TRUE(PollUntil([&] { return FdOfInode(ino) < 0; }));
+  EXPECT_TRUE(PollUntil([&] { return FdOfInode(k.ino) < 0; }));
   EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
 }
 
 TEST_F(GovernorDrainTest, KeptSocketTakesALevelChange) {
-  Conn c = Queued();
-  const ino_t ino = InodeOf(c.server);
-  CloseServer(c.server);
-  const int kept = FdOfInode(ino);
-  ASSERT_GE(kept, 0);
+  const Closed k = QueuedAndClosed();
+  ASSERT_GE(k.kept, 0);
   // An orphaned socket would send the rest at the old rate for good.
   zone_->SetRate(4 * kSlowRate);
-  EXPECT_TRUE(PollUntil([&] { return Pacing(kept) == 4 * kSlowRate; }))
-      << Pacing(kept);
-  const Received got = ReadAll(c.client);
+  EXPECT_TRUE(PollUntil([&] { return Pacing(k.kept) == 4 * kSlowRate; }))
+      << Pacing(k.kept);
+  const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
 }
 
 TEST_F(GovernorDrainTest, DrainEndsAfterAnotherProcessSwitchesToEqualShares) {
-  Conn c = Queued();
-  const ino_t ino = InodeOf(c.server);
-  CloseServer(c.server);
-  ASSERT_GE(FdOfInode(ino), 0);
+  const Closed k = QueuedAndClosed();
+  ASSERT_GE(k.kept, 0);
   // Another process of the zone starts with TRAFFICRATE_SHARE=equal: the
   // budget's ticks stop, but the kept socket is still closed once sent,
   // and the connection leaves its key.
   zone_->SetShare(ShareMode::kEqual, 0);
-  const Received got = ReadAll(c.client);
+  const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
-  EXPECT_TRUE(PollUntil([&] { return FdOfInode(ino) < 0; }));
+  EXPECT_TRUE(PollUntil([&] { return FdOfInode(k.ino) < 0; }));
   EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
 }
 
@@ -184,26 +194,23 @@ TEST_F(GovernorDrainTest, KeptSocketIsTakenOutOfTheHostsEpollSets) {
 }
 
 TEST_F(GovernorDrainTest, HostClosingTheKeptFdNumberStopsItsUse) {
-  Conn c = Queued();
-  const ino_t ino = InodeOf(c.server);
-  CloseServer(c.server);
-  const int kept = FdOfInode(ino);
-  ASSERT_GE(kept, 0);
+  const Closed k = QueuedAndClosed();
+  ASSERT_GE(k.kept, 0);
   // A host that closes every fd number, then reuses this one for a pipe.
-  gov_->OnClose(kept);
-  close(kept);
+  gov_->OnClose(k.kept);
+  close(k.kept);
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
-  ASSERT_EQ(fcntl(pipefd[0], F_DUPFD, kept), kept);
+  ASSERT_EQ(fcntl(pipefd[0], F_DUPFD, k.kept), k.kept);
   // The socket drains as an orphan (modelled), and the watcher leaves the
   // pipe alone: it is still open once the drain is over.
-  const Received got = ReadAll(c.client);
+  const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
   struct stat st {};
-  ASSERT_EQ(fstat(kept, &st), 0);
+  ASSERT_EQ(fstat(k.kept, &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
-  close(kept);
+  close(k.kept);
   close(pipefd[0]);
   close(pipefd[1]);
 }
@@ -234,33 +241,29 @@ TEST_F(GovernorDrainTest, LingeringOrUnreadSocketIsClosedAsTheHostAsked) {
 }
 
 TEST_F(GovernorDrainTest, KeptFdsAreGivenBackWhenTheHostRunsOutOfFds) {
-  Conn c = Queued();
-  const ino_t ino = InodeOf(c.server);
-  CloseServer(c.server);
-  ASSERT_GE(FdOfInode(ino), 0);
+  const Closed k = QueuedAndClosed();
+  ASSERT_GE(k.kept, 0);
   EXPECT_EQ(gov_->ReleaseKeptDrains(), 1);
-  EXPECT_LT(FdOfInode(ino), 0);
+  EXPECT_LT(FdOfInode(k.ino), 0);
   EXPECT_EQ(gov_->ReleaseKeptDrains(), 0);
   // The kernel sends the rest on its own, as it would have without us.
-  const Received got = ReadAll(c.client);
+  const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
   EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
 }
 
 TEST_F(GovernorDrainTest, ForkedChildDoesNotHoldKeptSockets) {
-  Conn c = Queued();
-  const ino_t ino = InodeOf(c.server);
-  CloseServer(c.server);
-  ASSERT_GE(FdOfInode(ino), 0);
+  const Closed k = QueuedAndClosed();
+  ASSERT_GE(k.kept, 0);
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     gov_->AfterForkChild();  // as the library's atfork handler does
-    _exit(FdOfInode(ino) < 0 ? 0 : 1);
+    _exit(FdOfInode(k.ino) < 0 ? 0 : 1);
   }
   EXPECT_EQ(WaitChild(pid), 0) << "the child still holds the kept socket";
-  EXPECT_GE(FdOfInode(ino), 0);
+  EXPECT_GE(FdOfInode(k.ino), 0);
 }
 
 }  // namespace
