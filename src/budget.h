@@ -56,6 +56,12 @@ enum class ShareMode : uint32_t {
 
 inline constexpr int64_t kBudgetTickNs = 20'000'000;        // 20 ms
 inline constexpr int64_t kBudgetHorizonNs = 1'000'000'000;  // debts repaid over
+// The number of the tick that holds time now_ns; never 0 (0 means "never"
+// where tick numbers are stored). Numbers wrap; differences do not.
+inline uint32_t BudgetTickOf(int64_t now_ns) {
+  const uint32_t tick = static_cast<uint32_t>(now_ns / kBudgetTickNs);
+  return tick != 0 ? tick : 1;
+}
 // A tick after a gap longer than this starts the key afresh (it was idle).
 inline constexpr int64_t kBudgetMaxGapNs = 1'000'000'000;
 // The debt is bounded, so that a rate lowered by `trafficrate set` or a

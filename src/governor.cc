@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "src/clock.h"
@@ -237,6 +238,8 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   local_[conn].left_rate.store(0, std::memory_order_relaxed);
   local_[conn].packet_bytes.store(0, std::memory_order_relaxed);
   local_[conn].next_idle_check_ns.store(0, std::memory_order_relaxed);
+  local_[conn].idle_queued.store(0, std::memory_order_relaxed);
+  local_[conn].idle_queued_ns.store(0, std::memory_order_relaxed);
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
   entry.state.store(PackState(conn, cookie), std::memory_order_release);
   table_->NoteTracked(fd);
@@ -366,7 +369,13 @@ bool Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
   // and so that two threads never apply out of order.
   if (!FdTable::TryPin(entry, state, /*wait=*/true)) return false;
   const uint64_t token = ShareToken(key);
-  SetPacing(fd, conn, ShareFor(key));
+  const uint64_t before =
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  const uint64_t share = ShareFor(key);
+  // A raise drains its queue sooner: the idle pass looks at it again now.
+  if (SetPacing(fd, conn, share) && share > before) {
+    entry.visit_tick.store(0, std::memory_order_relaxed);
+  }
   entry.applied.store(token, std::memory_order_relaxed);
   FdTable::Unpin(entry);
   return true;
@@ -551,11 +560,20 @@ void Governor::ExpireIdle(int64_t now_ns) {
   if (budget && options_.after_bytes == 0) return;
   const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
+  // Equal mode: a connection that cannot be idle before a known time is
+  // skipped until then (FdEntry::visit_tick, in budget ticks), so that the
+  // pass reads only the fd table for it; a raise of its pace makes it due
+  // at once (ApplyIfChanged).
+  const uint32_t tick = BudgetTickOf(now_ns);
   bool push = false;
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
     if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
+    const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
+    if (!budget && visit != 0 && static_cast<int32_t>(tick - visit) < 0) {
+      continue;
+    }
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
     if (options_.after_bytes > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
@@ -566,21 +584,45 @@ void Governor::ExpireIdle(int64_t now_ns) {
       JoinSlow(fd, entry, state);
       continue;
     }
-    if (!budget && !ExpireIfIdle(fd, entry, state, conn, now_ns, &push)) break;
+    if (budget) continue;
+    int64_t quiet_until = 0;
+    if (!ExpireIfIdle(fd, entry, state, conn, now_ns, &push, &quiet_until)) {
+      break;
+    }
+    // Not later than the pass after it (ticks are a little coarser).
+    const uint32_t next = quiet_until > now_ns ? BudgetTickOf(quiet_until) : 0;
+    entry.visit_tick.store(next, std::memory_order_relaxed);
   }
   if (push) zone_->WakeWatchers();
 }
 
 bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
-                            const ConnSlotShm& conn, int64_t now_ns,
-                            bool* push) {
+                            const ConnSlotShm& conn, int64_t now_ns, bool* push,
+                            int64_t* quiet_until_ns) {
   LocalConn& local = local_[StateConn(state)];
   const int64_t last = local.last_send_ns.load(std::memory_order_relaxed);
+  const uint64_t pace =
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  const int64_t queue_until =
+      local.idle_queued_ns.load(std::memory_order_relaxed) +
+      IdleCheckDelayNs(local.idle_queued.load(std::memory_order_relaxed), pace);
+  if (quiet_until_ns != nullptr) {
+    // A send after this look moves last_send_ns later, never earlier.
+    *quiet_until_ns =
+        std::max({last + options_.idle_ns, queue_until,
+                  local.next_idle_check_ns.load(std::memory_order_relaxed)});
+  }
   if (now_ns - last < options_.idle_ns ||
       now_ns < local.next_idle_check_ns.load(std::memory_order_relaxed) ||
-      !ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed) ||
+      now_ns < queue_until || !ConnValid(conn, state) ||
+      !conn.active.load(std::memory_order_relaxed) ||
       conn.proc_index.load(std::memory_order_relaxed) !=
           watcher_.proc_index()) {
+    if (quiet_until_ns != nullptr &&
+        (!ConnValid(conn, state) ||
+         !conn.active.load(std::memory_order_relaxed))) {
+      *quiet_until_ns = 0;  // a join may come at any time
+    }
     return true;
   }
   if (!FdTable::TryPin(entry, state, /*wait=*/false)) return true;
@@ -597,15 +639,20 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
   if (rc != 0) return true;
   if (queued > 0) {
     // Still sending what it queued: not idle before most of it can have
-    // left at its pace. One look per connection per tick would cost a
-    // system call each, 20 times a second, for every slow connection.
-    local.next_idle_check_ns.store(
-        now_ns + IdleCheckDelayNs(
-                     static_cast<uint64_t>(queued),
-                     conn.share_bytes_per_sec.load(std::memory_order_relaxed)),
-        std::memory_order_relaxed);
+    // left at its pace (the pace in force when the next look is due, so a
+    // raise brings it forward). One look per connection per tick would
+    // cost a system call each, 20 times a second, for every slow
+    // connection.
+    local.idle_queued.store(static_cast<uint64_t>(queued),
+                            std::memory_order_relaxed);
+    local.idle_queued_ns.store(now_ns, std::memory_order_relaxed);
+    if (quiet_until_ns != nullptr) {
+      *quiet_until_ns =
+          now_ns + IdleCheckDelayNs(static_cast<uint64_t>(queued), pace);
+    }
     return true;
   }
+  if (quiet_until_ns != nullptr) *quiet_until_ns = 0;
   ZoneLock lock(*zone_);
   if (!lock.ok()) return false;
   if (ConnValid(conn, state) &&

@@ -144,10 +144,13 @@ class Governor {
   void Reregister(int fd, FdEntry& entry, uint64_t state);
   // One connection's idle check (ExpireIdle; TickBudget's visits in budget
   // mode): it leaves its key when nothing was sent for TRAFFICRATE_IDLE and
-  // its socket has nothing queued. Sets *push if siblings must be told.
+  // its socket has nothing queued. Sets *push if siblings must be told, and
+  // *quiet_until_ns (if given) to a time before which another look would
+  // find nothing to do (0: none known).
   // False if the zone lock could not be had (try again next pass).
   bool ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
-                    const ConnSlotShm& conn, int64_t now_ns, bool* push);
+                    const ConnSlotShm& conn, int64_t now_ns, bool* push,
+                    int64_t* quiet_until_ns = nullptr);
   // Sets the socket's pacing to its key's share if that changed since it
   // was last applied to this fd; true if it did.
   bool ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
@@ -218,6 +221,11 @@ class Governor {
     std::atomic<uint32_t> packet_bytes;
     // ExpireIdle: not before this time (its queue cannot have drained).
     std::atomic<int64_t> next_idle_check_ns;
+    // Equal mode: what its queue held at the last idle check, and when.
+    // The next check waits for that queue to leave at the pace then in
+    // force, so that a raise of its pace brings it forward.
+    std::atomic<uint64_t> idle_queued;
+    std::atomic<int64_t> idle_queued_ns;
     // Budget mode: when the watcher last applied a level to it.
     std::atomic<int64_t> applied_ns;
   };

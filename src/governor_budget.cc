@@ -140,8 +140,7 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   const uint32_t me = watcher_.proc_index();
   // Ticks are numbered by time, so that a watcher with nothing due may sleep
   // through some.
-  tick_ = static_cast<uint32_t>(now_ns / kBudgetTickNs);
-  if (tick_ == 0) tick_ = 1;  // 0 means "never" in key_local_ and visit_tick
+  tick_ = BudgetTickOf(now_ns);
   uint32_t next_due = tick_ + kMaxBudgetSleepNs / kBudgetTickNs;
   bool push = false;
   const int high_water = table_->high_water();
@@ -279,18 +278,22 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   local.next_measure_ns.store(next, std::memory_order_relaxed);
   if (unsent > 0) {
     // Bytes still to send: not idle before the next measurement, which
-    // looks again (ExpireIdle would spend a syscall of its own to learn it).
+    // looks again (ExpireIdle would spend a syscall of its own to learn it),
+    // nor before they can have left at its pace (ExpireIfIdle).
     // The next measurement comes at the first tick that visits it after
     // `next` (TickBudget: up to VisitGapNs later).
-    const int64_t idle_check = std::max(
+    const int64_t idle_check =
         next +
-            VisitGapNs(local.packet_bytes.load(std::memory_order_relaxed),
-                       pace) +
-            kBudgetTickNs,
-        now_ns + IdleCheckDelayNs(static_cast<uint64_t>(unsent), pace));
+        VisitGapNs(local.packet_bytes.load(std::memory_order_relaxed), pace) +
+        kBudgetTickNs;
     if (local.next_idle_check_ns.load(std::memory_order_relaxed) < idle_check) {
       local.next_idle_check_ns.store(idle_check, std::memory_order_relaxed);
     }
+    local.idle_queued.store(static_cast<uint64_t>(unsent),
+                            std::memory_order_relaxed);
+    local.idle_queued_ns.store(now_ns, std::memory_order_relaxed);
+  } else {
+    local.idle_queued.store(0, std::memory_order_relaxed);
   }
 }
 

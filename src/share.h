@@ -20,10 +20,12 @@ inline uint64_t ShareBytesPerSec(uint64_t rate_bytes_per_sec, uint32_t active) {
 
 // How long a connection with `queued` bytes still in its socket, paced at
 // `pace` bytes/s, surely stays busy: three quarters of the time they take to
-// leave, at most a second (a raised pace drains it sooner; an idle connection
-// then holds its share a moment longer, never for good).
+// leave, at most 8 s. The caller computes it from the pace in force when the
+// check is due, so that a raise brings the check forward; the bound covers a
+// pace that is wrong otherwise (an idle connection then holds its share a
+// few seconds longer, never for good).
 inline int64_t IdleCheckDelayNs(uint64_t queued, uint64_t pace) {
-  constexpr int64_t kMaxDelayNs = 1'000'000'000;
+  constexpr int64_t kMaxDelayNs = 8'000'000'000;
   if (pace == 0) return 0;
   const double ns =
       static_cast<double>(queued) * 0.75 * 1e9 / static_cast<double>(pace);

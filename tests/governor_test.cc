@@ -270,10 +270,61 @@ TEST_F(GovernorTest, ConnectionWithUnsentDataIsNotExpired) {
   });
   ASSERT_TRUE(drained);
   // Not at once: a connection found with data queued is not looked at again
-  // before that data could have left at its pace, at most a second later.
+  // before that data could have left at its pace, at most 8 s later.
   gov_->ExpireIdle(MonotonicNowNs() + 2 * kLongIdleNs + kNsPerSec);
   EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
   EXPECT_EQ(Active(c.server), 0u);
+}
+
+TEST_F(GovernorTest, AQueuedConnectionIsLookedAtAgainSoonerOnceItsPaceRises) {
+  StartGovernor();
+  constexpr uint64_t kSlowRate = 20'000;
+  zone_->SetRate(kSlowRate);
+  const Conn a = Open("127.0.0.1", /*client_rcvbuf=*/4096);
+  const Conn b = Open("127.0.0.1", /*client_rcvbuf=*/4096);
+  ASSERT_GE(a.server, 0);
+  ASSERT_GE(b.server, 0);
+  // Neither client reads: both have a queue, so neither is idle.
+  for (const int fd : {a.server, b.server}) {
+    const int sndbuf = 16384;
+    ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)),
+              0);
+    gov_->BeforeSend(fd);
+    std::vector<char> data(4096, 'q');
+    for (int i = 0; i < 10'000; ++i) {
+      const ssize_t n =
+          ::send(fd, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0) break;
+      gov_->AfterSend(fd, n);
+    }
+  }
+  gov_->ApplyChangedShares();
+  ASSERT_EQ(Pacing(a.server), kSlowRate / 2);
+  const int queued = Outq(a.server);
+  ASSERT_GT(queued, 8192);
+  // Found with its queue: not looked at again before that queue can have
+  // left at its pace (three quarters of the time it takes).
+  const int64_t t = MonotonicNowNs() + 2 * kLongIdleNs;
+  gov_->ExpireIdle(t);
+  ASSERT_EQ(ConnOf(a.server).active.load(), 1u);
+  ASSERT_EQ(ConnOf(b.server).active.load(), 1u);
+  ASSERT_TRUE(PollUntil([&] {
+    char buf[65536];
+    while (recv(a.client, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+    }
+    return Outq(a.server) == 0;
+  }));
+  const int64_t at_full_rate = static_cast<int64_t>(
+      0.75 * queued * kNsPerSec / kSlowRate * 1.2);  // with a margin
+  gov_->ExpireIdle(t + at_full_rate);
+  EXPECT_EQ(ConnOf(a.server).active.load(), 1u) << "looked at too soon";
+  // Its sibling closes: its pace doubles, and so the same time is enough.
+  gov_->OnClose(b.server);
+  ::close(b.server);
+  gov_->ApplyChangedShares();
+  ASSERT_EQ(Pacing(a.server), kSlowRate);
+  gov_->ExpireIdle(t + at_full_rate);
+  EXPECT_EQ(ConnOf(a.server).active.load(), 0u);
 }
 
 TEST_F(GovernorTest, BudgetModeExpiresIdleConnectionsInTheTickNotThePass) {
