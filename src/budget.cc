@@ -166,18 +166,13 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   if (dt_ns == 0) return next;
   const double dt = static_cast<double>(dt_ns);
   const double bytes = static_cast<double>(input.sent_bytes - state.sent_bytes);
+  const double now_rate = bytes * kNsPerSecF / dt;
 
   // The token bucket: at most `burst` banked, at most kBudgetMaxDebtNs owed.
   double balance =
       static_cast<double>(state.balance_bytes) + rate * dt / kNsPerSecF - bytes;
-  // Owed beyond the bound is forgiven (the first segments of many new
-  // connections at once, say, or packets of connections in step), and so
-  // the boost does not make up for it either (below).
-  const double max_debt = rate * kBudgetMaxDebtNs / kNsPerSecF;
-  const double forgiven = balance < -max_debt ? -max_debt - balance : 0;
-  balance = Clamp(balance, -max_debt, burst);
+  balance = Clamp(balance, -rate * kBudgetMaxDebtNs / kNsPerSecF, burst);
   next.balance_bytes = static_cast<int64_t>(balance);
-  const double now_rate = bytes * kNsPerSecF / dt;
 
   const double alpha = 1 - std::exp(-dt / kMeasuredTauNs);
   const double measured =
@@ -208,13 +203,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     // leave the boost rising on average while the key sends exactly its
     // rate (the smoothing is linear, so its mean is the rate sent). Only a
     // tick's step is bounded.
-    // Integrated, the error is what the key sent over its rate, less what
-    // the bucket forgave (above): without that, the boost would hold the
-    // key below its rate until every byte of a forgiven burst was made up
-    // (the first segments of 64 connections that start together are 1.8 s
-    // of a 500 KB/s rate: seconds at 0.9x).
-    const double error =
-        (rate - measured) / rate + forgiven * kNsPerSecF / (rate * dt);
+    const double error = (rate - measured) / rate;
     const double balance_error = BalanceFactor(next, rate, pace) - 1;
     double boost = static_cast<double>(state.boost) / kBoostOne;
     boost *= std::exp(Clamp(error * dt / pace.integral_ns, -1.0, 1.0) +

@@ -328,43 +328,6 @@ TEST(BudgetTest, DebtsAreRepaidWithinAboutTheHorizon) {
   EXPECT_LE(hi, 1.05);
 }
 
-TEST(BudgetTest, AForgivenBurstIsNotMadeUpForAfterwards) {
-  // Fluid model: 64 connections that always have data, each sending at the
-  // level in force. Then one tick holds 2 s of the rate at once (the first
-  // 10 segments of 64 connections that start together are 1.8 s of a
-  // 500 KB/s rate), far beyond the debt the bucket keeps
-  // (kBudgetMaxDebtNs). That much is repaid; the rest is forgiven, and the
-  // boost does not hold the key below its rate until it is made up too.
-  const BudgetSettings settings{512000, DefaultBurstBytes(512000)};
-  const double rate = static_cast<double>(settings.rate_bytes_per_sec);
-  const uint32_t n = 64;
-  BudgetState s;
-  int64_t now = 1'000'000'000;
-  double sent = 0;
-  auto tick = [&](double extra) {
-    now += kBudgetTickNs;
-    sent +=
-        n * static_cast<double>(s.level_bytes_per_sec) * kBudgetTickNs / 1e9 +
-        extra;
-    s = BudgetTick(s, {now, static_cast<uint64_t>(sent), n, 2896}, settings);
-  };
-  s = BudgetTick(s, {now, 0, n, 2896}, settings);
-  for (int i = 0; i < 100; ++i) tick(0);
-  ASSERT_NEAR(static_cast<double>(s.level_bytes_per_sec), rate / n,
-              0.05 * rate / n);
-  tick(2 * rate);
-  const double after_burst = sent;
-  for (int i = 0; i < 250; ++i) tick(0);  // 5 s
-  // Repaid: the bound's worth, and about as much again while the boost
-  // recovers from the repayment. Made up in full (the forgiven 1.5 s as
-  // well), it would be 1.8 s of the rate short.
-  const double max_debt = rate * kBudgetMaxDebtNs / 1e9;
-  EXPECT_GE(sent - after_burst, 5 * rate - 2.5 * max_debt);
-  EXPECT_LE(sent - after_burst, 5 * rate);
-  EXPECT_NEAR(static_cast<double>(s.level_bytes_per_sec), rate / n,
-              0.05 * rate / n);
-}
-
 TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
   for (int per_sec : {10, 20}) {
     Sim sim(512000, /*big_packets=*/false);
