@@ -601,28 +601,25 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
                             int64_t* quiet_until_ns) {
   LocalConn& local = local_[StateConn(state)];
   const int64_t last = local.last_send_ns.load(std::memory_order_relaxed);
+  if (!ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed)) {
+    if (quiet_until_ns != nullptr) *quiet_until_ns = 0;  // it may join anytime
+    return true;
+  }
   const uint64_t pace =
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
-  const int64_t queue_until =
-      local.idle_queued_ns.load(std::memory_order_relaxed) +
-      IdleCheckDelayNs(local.idle_queued.load(std::memory_order_relaxed), pace);
-  if (quiet_until_ns != nullptr) {
-    // A send after this look moves last_send_ns later, never earlier.
-    *quiet_until_ns =
-        std::max({last + options_.idle_ns, queue_until,
-                  local.next_idle_check_ns.load(std::memory_order_relaxed)});
-  }
-  if (now_ns - last < options_.idle_ns ||
-      now_ns < local.next_idle_check_ns.load(std::memory_order_relaxed) ||
-      now_ns < queue_until || !ConnValid(conn, state) ||
-      !conn.active.load(std::memory_order_relaxed) ||
-      conn.proc_index.load(std::memory_order_relaxed) !=
-          watcher_.proc_index()) {
-    if (quiet_until_ns != nullptr &&
-        (!ConnValid(conn, state) ||
-         !conn.active.load(std::memory_order_relaxed))) {
-      *quiet_until_ns = 0;  // a join may come at any time
-    }
+  // Not idle before TRAFFICRATE_IDLE has passed since its last send, nor
+  // before the queue it had at the last look can have left at its pace now,
+  // nor before budget mode's next measurement (MeasureConn). A send after
+  // this look moves the first later, never earlier.
+  const int64_t next_look = std::max(
+      {last + options_.idle_ns,
+       local.idle_queued_ns.load(std::memory_order_relaxed) +
+           IdleCheckDelayNs(local.idle_queued.load(std::memory_order_relaxed),
+                            pace),
+       local.next_idle_check_ns.load(std::memory_order_relaxed)});
+  if (quiet_until_ns != nullptr) *quiet_until_ns = next_look;
+  if (now_ns < next_look || conn.proc_index.load(std::memory_order_relaxed) !=
+                                watcher_.proc_index()) {
     return true;
   }
   if (!FdTable::TryPin(entry, state, /*wait=*/false)) return true;

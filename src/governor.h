@@ -219,11 +219,13 @@ class Governor {
     std::atomic<uint64_t> left_rate;
     // The size of the packets its bytes leave in, as measured; 0: not yet.
     std::atomic<uint32_t> packet_bytes;
-    // ExpireIdle: not before this time (its queue cannot have drained).
+    // Budget mode: no idle check before this time (the next measurement
+    // looks at its queue anyway).
     std::atomic<int64_t> next_idle_check_ns;
-    // Equal mode: what its queue held at the last idle check, and when.
-    // The next check waits for that queue to leave at the pace then in
-    // force, so that a raise of its pace brings it forward.
+    // What its queue held at the last look (an idle check, or a budget
+    // measurement), and when. The next idle check waits for that queue to
+    // leave at the pace then in force, so that a raise of its pace brings
+    // it forward.
     std::atomic<uint64_t> idle_queued;
     std::atomic<int64_t> idle_queued_ns;
     // Budget mode: when the watcher last applied a level to it.
