@@ -24,6 +24,15 @@ constexpr double kMeasuredTauNs = 200e6;
 constexpr double kIntegralTauNs = 500e6;
 // How slowly a lasting debt (or bank) moves the boost.
 constexpr double kBalanceIntegralNs = 5e9;
+// The allowance for new connections' unpaced starts (outside the grace):
+// at most this long of the rate, refilled at this part of the rate per
+// second while no new connection joins, so that a few connections opened
+// together now and then are forgiven, a stream of them never.
+constexpr double kAllowanceNs = 200e6;
+constexpr double kAllowanceRefill = 0.1;
+// Pending unpaced starts that did not show as a debt within about this
+// long were within the rate: they lapse.
+constexpr double kPendingLapseNs = 500e6;
 // Unbound (nothing held back) while the key sends less than this part of
 // its rate; bound again once it sends more than kBindAbove of it.
 constexpr double kUnbindBelow = 0.5;
@@ -146,6 +155,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   const double rate = static_cast<double>(settings.rate_bytes_per_sec);
   const double burst = static_cast<double>(settings.burst_bytes);
   const uint32_t n = input.active > 0 ? input.active : 1;
+  const uint32_t under_pace = std::min(input.under, n);
   next.packet_bytes = input.packet_bytes;
   const int64_t dt_ns = input.now_ns - state.last_ns;
   if (state.last_ns == 0 || dt_ns > kBudgetMaxGapNs || dt_ns < 0 ||
@@ -154,6 +164,9 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     // single connection is not held back at all).
     next.last_ns = input.now_ns;
     next.sent_bytes = input.sent_bytes;
+    next.start_ns = input.now_ns;
+    next.start_allowance_bytes = 0;
+    next.start_pending_bytes = input.start_pending_bytes;
     next.balance_bytes = 0;
     next.under_ticks = 0;
     next.boost = n == 1 ? kBoostUnbound : kBoostOne;
@@ -163,16 +176,47 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     next.level_bytes_per_sec = LevelFor(next, n, settings);
     return next;
   }
+  next.start_pending_bytes = input.start_pending_bytes;
   if (dt_ns == 0) return next;
   const double dt = static_cast<double>(dt_ns);
-  const double bytes = static_cast<double>(input.sent_bytes - state.sent_bytes);
-  const double now_rate = bytes * kNsPerSecF / dt;
+  double bytes = static_cast<double>(input.sent_bytes - state.sent_bytes);
 
+  // The pace depends on the level in force, the packet size and the
+  // connections, none of which this tick changes before it decides.
+  const KeyPace pace = PaceOf(next, settings, n);
   // The token bucket: at most `burst` banked, at most kBudgetMaxDebtNs owed.
   double balance =
       static_cast<double>(state.balance_bytes) + rate * dt / kNsPerSecF - bytes;
-  balance = Clamp(balance, -rate * kBudgetMaxDebtNs / kNsPerSecF, burst);
+  // New connections' unpaced starts: forgiven as they show as a debt, all
+  // of them early in the run, from the allowance later. Forgiven bytes are
+  // left out of the measured rate too, so that they do not move the boost.
+  double pending = static_cast<double>(input.start_pending_bytes);
+  double allowance = static_cast<double>(state.start_allowance_bytes);
+  if (pending < kUnpacedStartBytes / 2) {
+    allowance = std::min(rate * kAllowanceNs / kNsPerSecF,
+                         allowance + rate * kAllowanceRefill * dt / kNsPerSecF);
+  }
+  const bool grace = input.now_ns - state.start_ns < kStartGraceNs;
+  if (balance < 0 && pending > 0) {
+    const double forgiven =
+        std::min({pending, grace ? pending : allowance, -balance, bytes});
+    balance += forgiven;
+    bytes -= forgiven;
+    pending -= forgiven;
+    if (!grace) allowance -= forgiven;
+  }
+  pending *= std::exp(-dt / kPendingLapseNs);
+  next.start_allowance_bytes = static_cast<uint64_t>(std::max(0.0, allowance));
+  next.start_pending_bytes = static_cast<uint64_t>(pending);
+  // While every connection is held back by its pacing the count's lumps
+  // (packets sent in step, measured a little late) may go either way by
+  // the band: what it shows banked within the band is kept too, or the
+  // lumps would leave a debt on average while the key sends its rate.
+  const bool all_paced = under_pace == 0 && state.boost != kBoostUnbound;
+  balance = Clamp(balance, -rate * kBudgetMaxDebtNs / kNsPerSecF,
+                  all_paced ? burst + pace.band_bytes : burst);
   next.balance_bytes = static_cast<int64_t>(balance);
+  const double now_rate = bytes * kNsPerSecF / dt;
 
   const double alpha = 1 - std::exp(-dt / kMeasuredTauNs);
   const double measured =
@@ -180,15 +224,34 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
       (now_rate - static_cast<double>(state.measured_bytes_per_sec)) * alpha;
   next.measured_bytes_per_sec = static_cast<uint64_t>(std::max(0.0, measured));
 
-  const KeyPace pace = PaceOf(next, settings, n);
   if (state.boost == kBoostUnbound) {
     if (measured >= kBindAbove * rate || balance < -burst / 2) {
       // Bound from now: if every sending connection sent at the whole
       // rate, the equal share is right; if only some did, the share of
       // those that sent. The ticks refine it.
       const double sent = std::max({measured, now_rate, rate});
-      next.boost = ToBoost(Clamp(n * rate / sent, 1.0, n));
+      next.boost =
+          under_pace == 0 ? kBoostOne : ToBoost(Clamp(n * rate / sent, 1.0, n));
     }
+  } else if (all_paced) {
+    // Every sending connection is held back by its pacing: the equal share
+    // is the max-min level, so the boost is 1 at most. It goes below 1 only
+    // while the key sends more than its rate even so (the unpaced starts of
+    // a stream of new connections), integrating the gap as below. The count
+    // moves in whole packets, often in step: while the balance is within
+    // the band, where those lumps are most of what it shows, the boost goes
+    // down twice as slowly as it comes back up, so that their noise
+    // does not keep the level below the equal share.
+    const double balance_error = BalanceFactor(next, rate, pace) - 1;
+    double boost = std::min(static_cast<double>(state.boost) / kBoostOne, 1.0);
+    const double error = (rate - measured) / rate;
+    const double integral_ns = balance_error < 0 || error > 0
+                                   ? pace.integral_ns
+                                   : 2 * pace.integral_ns;
+    boost *= std::exp(Clamp(error * dt / integral_ns, -1.0, 1.0) +
+                      balance_error * dt / kBalanceIntegralNs);
+    next.under_ticks = 0;
+    next.boost = ToBoost(Clamp(boost, pace.min_boost, 1.0));
   } else {
     // Integral action: the boost rises while the key sends less than its
     // rate (some connections use less than their share: the rest split
@@ -228,11 +291,14 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     const bool under =
         next.under_ticks * static_cast<double>(dt_ns) >= under_for_ns;
     if (under) boost *= 2;
-    next.boost = under && boost >= n ? kBoostUnbound
-                                     : ToBoost(Clamp(boost, pace.min_boost, n));
+    // The max-min level is at most the rate over the connections that
+    // are held back.
+    const double most =
+        under_pace < n ? static_cast<double>(n) / (n - under_pace) : n;
+    next.boost = under && boost >= n
+                     ? kBoostUnbound
+                     : ToBoost(Clamp(boost, pace.min_boost, under ? n : most));
   }
-  // The pace depends on the level in force, the packet size and the
-  // connections, none of which the boost's update above changed.
   next.level_bytes_per_sec = LevelFor(next, n, settings, pace);
   next.last_ns = input.now_ns;
   next.sent_bytes = input.sent_bytes;

@@ -13,13 +13,29 @@
 // * A token bucket of the key's rate: the balance gains rate x dt and loses
 //   what left the sockets; it holds at most `burst` bytes of unused
 //   allowance, and a negative balance is a debt (first unpaced segments of
-//   new connections, 64 KiB TSO packets, a lag after a change).
+//   new connections, 64 KiB TSO packets, a lag after a change). While
+//   every connection is held back by its pacing it may also bank up to the
+//   band (below): the count's lumps go both ways.
+// * New connections' first 10 segments leave unpaced, at once: a client
+//   opening 64 connections together sends 1.8 s of a 500 KB/s rate in a
+//   moment, which no pacing can prevent, and repaying it would hold the
+//   client far below its rate for seconds. So those bytes are forgiven as
+//   they show as a debt (and left out of the measured rate): all of them
+//   in the first kStartGraceNs of a run of sending, and after that from an
+//   allowance of at most 0.2 s of the rate, refilled at a tenth of the
+//   rate per second only while no new connection joins (a few connections
+//   opened together now and then). A stream of new connections is counted.
 // * Under max-min fairness every constrained connection gets the same level
 //   L, and L >= rate / active (equality when all want more). So the level is
 //   the equal share rate / active times a boost, which integrates the gap
-//   between the rate and what the key sends (>= 0.5 s): it rises while some
-//   connections use less than their share (the rest split what they leave)
-//   and falls while the key sends more than its rate.
+//   between the rate and what the key sends (>= 0.5 s). While every
+//   sending connection is held back by its pacing (BudgetInput::under is
+//   0) the equal share is the max-min level: the boost is 1 at most, below
+//   only while the key sends more than its rate even so, and it follows
+//   the count's lumps down only slowly. While some use less than their
+//   share it rises while the rest split what they leave (at most to the
+//   rate over those that do not) and falls while the key sends more than
+//   its rate.
 // * The balance corrects the level at once, in proportion: a debt beyond
 //   the band lowers it until repaid over the horizon (>= 1 s), a bank beyond
 //   it raises it; a lasting one moves the boost too, slowly (5 s). The band
@@ -68,11 +84,17 @@ inline constexpr int64_t kBudgetMaxGapNs = 1'000'000'000;
 // flood of new connections is not paid for over minutes.
 inline constexpr int64_t kBudgetMaxDebtNs = 500'000'000;  // 0.5 s of rate
 inline constexpr uint32_t kBoostOne = 1 << 16;            // fixed point 16.16
+// New connections' unpaced starts are all forgiven this long after a key's
+// fresh start (BudgetInput::start_pending_bytes).
+inline constexpr int64_t kStartGraceNs = 500'000'000;
 // The boost of a key that is not held back at all: its level is the rate.
 inline constexpr uint32_t kBoostUnbound = UINT32_MAX;
 
 // A full segment on a 1500-byte path (the kernel's MSS there).
 inline constexpr uint64_t kSegmentBytes = 1448;
+// What a new connection sends before the kernel paces it: 10 segments
+// (tcp_update_skb_after_send).
+inline constexpr uint64_t kUnpacedStartBytes = 10 * kSegmentBytes;
 
 // The time between two packets of `packet_bytes` of one connection paced at
 // `level_bytes_per_sec` (> 0): a new level reaches the connection only
@@ -100,6 +122,15 @@ struct BudgetState {
   uint32_t boost = kBoostOne;
   uint32_t under_ticks = 0;   // ticks in a row clearly under the rate
   uint32_t packet_bytes = 0;  // BudgetInput::packet_bytes of the last tick
+  // When the key's current run of sending began (its fresh start).
+  int64_t start_ns = 0;
+  // What may still be forgiven of new connections' unpaced starts outside
+  // the first kStartGraceNs of a run: empty at a fresh start, refilled
+  // while no new connection joins (budget.cc).
+  uint64_t start_allowance_bytes = 0;
+  // Out: what is left of BudgetInput::start_pending_bytes after this tick
+  // (what it forgave taken off, what lapsed dropped); the caller stores it.
+  uint64_t start_pending_bytes = 0;
 };
 
 struct BudgetInput {
@@ -111,6 +142,20 @@ struct BudgetInput {
   // connection only after the packet in flight's gap: the controller is
   // slower when that gap is long.
   uint32_t packet_bytes = 0;
+  // Of `active`, how many send less than their pacing allows (the host has
+  // nothing queued for them, or their client reads slowly), as last seen.
+  // 0: all are held back by their pacing, so the max-min level is the
+  // equal share and only the balance moves the level off it.
+  uint32_t under = 0;
+  // The unpaced first segments of connections that joined new (10 each)
+  // and are not forgiven yet. The kernel sends them at once, so a client
+  // that opens many connections together goes over its rate in that first
+  // moment whatever the pacing; what would make it pay that back for
+  // seconds afterwards is forgiven: all of it in the first kStartGraceNs of
+  // a run of sending, and from an allowance after that that refills only
+  // while no new connection joins, so that a stream of new connections is
+  // still held to the rate.
+  uint64_t start_pending_bytes = 0;
 };
 
 // One decision. Pure; safe from any thread.

@@ -241,6 +241,8 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   local_[conn].idle_queued.store(0, std::memory_order_relaxed);
   local_[conn].idle_queued_ns.store(0, std::memory_order_relaxed);
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
+  local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
+  local_[conn].slow.store(false, std::memory_order_relaxed);
   entry.state.store(PackState(conn, cookie), std::memory_order_release);
   table_->NoteTracked(fd);
 }
@@ -322,6 +324,10 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
   if (push) zone_->WakeWatchers();
   if (join) {
     entry.visit_tick.store(0, std::memory_order_relaxed);
+    // Whether it sends under its pace is judged afresh: the time it was
+    // idle says nothing about it.
+    local_[index].slow_since_ns.store(0, std::memory_order_relaxed);
+    local_[index].slow.store(false, std::memory_order_relaxed);
     ApplyIfChanged(fd, entry, state, conn);
   }
 }

@@ -33,9 +33,6 @@ constexpr int64_t kMaxMeasureGapNs = 2 * kNsPerSec;
 constexpr uint64_t kTwoSegmentsBytes = 2 * kSegmentBytes;
 // The largest packet the kernel builds (GSO), the most one step counts as.
 constexpr uint64_t kMaxPacketBytes = 65536;
-// What a new connection sends before the kernel paces it: 10 segments
-// (tcp_update_skb_after_send).
-constexpr uint64_t kUnpacedStartBytes = 10 * kSegmentBytes;
 // A key is decided at least this often (its connections' packets are 2 s
 // apart or more then, and every time constant of the controller is two
 // packet gaps or more: KeyPace), and well within kBudgetMaxGapNs.
@@ -57,6 +54,9 @@ constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 // fd limit, if lower): above what hosts use, but low enough that the
 // kernel's fd table does not grow much for them.
 constexpr rlim_t kKeptFdBase = 4096;
+// A connection that sends less than this part of its pace (over a second
+// and eight packet gaps at least) is counted as using less than its share.
+constexpr double kSlowPart = 0.85;
 
 // The packet size a connection is scheduled by: what was measured, or
 // two segments until then (a slow connection takes seconds to get past
@@ -233,9 +233,16 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   const uint64_t handed = conn.bytes_sent.load(std::memory_order_relaxed);
   if (!FdTable::TryPin(entry, state, /*wait=*/false)) return;
   const int64_t unsent = Unsent(fd);
+  const uint64_t left = LeftOf(handed, unsent);
+  const uint64_t pace =
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  if (unsent >= 0) {
+    // Pinned: the host's close, which takes it off the count, waits.
+    zone_->SetUnderPace(StateConn(state),
+                        IsUnderPace(local, left, unsent, pace, now_ns));
+  }
   FdTable::Unpin(entry);
   if (unsent < 0) return;
-  const uint64_t left = LeftOf(handed, unsent);
   const int64_t prev_ns = local.measured_ns.load(std::memory_order_relaxed);
   const uint64_t prev_left =
       local.measured_left.load(std::memory_order_relaxed);
@@ -272,8 +279,6 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   } else {
     Account(*zone_, conn, left);
   }
-  const uint64_t pace =
-      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   const int64_t next = now_ns + MeasureGapNs(pace);
   local.next_measure_ns.store(next, std::memory_order_relaxed);
   if (unsent > 0) {
@@ -295,6 +300,54 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   } else {
     local.idle_queued.store(0, std::memory_order_relaxed);
   }
+}
+
+bool Governor::IsUnderPace(LocalConn& local, uint64_t left, int64_t unsent,
+                           uint64_t pace, int64_t now_ns) {
+  const int64_t since = local.slow_since_ns.load(std::memory_order_relaxed);
+  const uint64_t since_left =
+      local.slow_since_left.load(std::memory_order_relaxed);
+  if (since == 0 || pace == 0 || left < since_left) {
+    local.slow_since_ns.store(now_ns, std::memory_order_relaxed);
+    local.slow_since_left.store(left, std::memory_order_relaxed);
+    local.slow_allowed.store(0, std::memory_order_relaxed);
+  } else {
+    // What its pacing allowed since the last measurement: the lower of
+    // its pace then and now (a raise reaches it only at its next packet).
+    const uint64_t last_pace =
+        local.slow_last_pace.load(std::memory_order_relaxed);
+    const int64_t last_ns = local.slow_last_ns.load(std::memory_order_relaxed);
+    const uint64_t low = std::min(last_pace, pace);
+    const uint64_t allowed =
+        local.slow_allowed.load(std::memory_order_relaxed) +
+        static_cast<uint64_t>(static_cast<double>(low) *
+                              std::max<int64_t>(0, now_ns - last_ns) /
+                              kNsPerSec);
+    // Long enough that whole packets do not decide it (an eighth of what
+    // was allowed at most), and a second at least.
+    const int64_t span = std::max<int64_t>(
+        kNsPerSec,
+        static_cast<int64_t>(
+            8 * PacketGapNs(PacketOrTwoSegments(local.packet_bytes.load(
+                                std::memory_order_relaxed)),
+                            static_cast<double>(std::max<uint64_t>(1, low)))));
+    if (now_ns - since >= span) {
+      // Under kSlowPart of that: held back by something else (its client's
+      // window, the path, the host), so it uses less than its share.
+      local.slow.store(static_cast<double>(left - since_left) <
+                           kSlowPart * static_cast<double>(allowed),
+                       std::memory_order_relaxed);
+      local.slow_since_ns.store(now_ns, std::memory_order_relaxed);
+      local.slow_since_left.store(left, std::memory_order_relaxed);
+      local.slow_allowed.store(0, std::memory_order_relaxed);
+    } else {
+      local.slow_allowed.store(allowed, std::memory_order_relaxed);
+    }
+  }
+  local.slow_last_ns.store(now_ns, std::memory_order_relaxed);
+  local.slow_last_pace.store(pace, std::memory_order_relaxed);
+  // Nothing queued: the host has given it nothing more to send.
+  return unsent == 0 || local.slow.load(std::memory_order_relaxed);
 }
 
 void Governor::EstimateConn(const LocalConn& local, ConnSlotShm& conn,
@@ -368,11 +421,28 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   BudgetState state = LoadBudget(key);
   if (state.last_ns != last) return;  // decided a moment ago elsewhere
   const uint64_t published = state.level_bytes_per_sec;
+  const uint64_t pending = key.start_pending.load(std::memory_order_relaxed);
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
-                      key.active.load(std::memory_order_relaxed), packet_bytes},
+                      key.active.load(std::memory_order_relaxed), packet_bytes,
+                      UnderPaceOf(key), pending},
                      zone_->budget_settings());
-  const bool changed = LevelWorthApplying(published, state.level_bytes_per_sec);
+  // Joins may have added to it meanwhile: only what this tick forgave or
+  // let lapse is taken off.
+  if (state.start_pending_bytes < pending) {
+    key.start_pending.fetch_sub(pending - state.start_pending_bytes,
+                                std::memory_order_relaxed);
+  }
+  // Back to the equal share exactly (every connection held back by its
+  // pacing, nothing owed) is applied however small the step: a level a
+  // little off it would stay off for good.
+  const uint32_t active = key.active.load(std::memory_order_relaxed);
+  const bool changed =
+      LevelWorthApplying(published, state.level_bytes_per_sec) ||
+      (state.level_bytes_per_sec != published &&
+       state.level_bytes_per_sec ==
+           ShareBytesPerSec(zone_->budget_settings().rate_bytes_per_sec,
+                            active));
   if (!changed) state.level_bytes_per_sec = published;
   StoreBudget(key, state);
   // Every watcher re-applies on its next tick; senders on their next send.

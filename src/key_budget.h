@@ -42,6 +42,48 @@ inline bool TryTakeLease(KeySlotShm& key, uint32_t proc, int64_t now_ns) {
                                            std::memory_order_acq_rel);
 }
 
+// KeySlotShm::budget_aux: what the lease holder writes (ticks under the
+// rate, packet size) and the count of connections under their pace, which
+// their owners add to and take off.
+inline constexpr uint32_t kAuxUnderTicksMask = 0xff;
+inline constexpr int kAuxPacketShift = 8;
+inline constexpr uint32_t kAuxPacketMax = 0x1ff;  // 9 bits, x 256 bytes
+inline constexpr int kAuxUnderPaceShift = 17;
+inline constexpr uint32_t kAuxHolderMask =
+    (uint32_t{1} << kAuxUnderPaceShift) - 1;
+inline constexpr uint32_t kAuxUnderPaceMax = UINT32_MAX >> kAuxUnderPaceShift;
+
+// Of the key's sending connections, how many send less than their pacing
+// allows (BudgetInput::under).
+inline uint32_t UnderPaceOf(const KeySlotShm& key) {
+  return key.budget_aux.load(std::memory_order_relaxed) >> kAuxUnderPaceShift;
+}
+
+// Adds one to that count; false (and nothing added) once it is full.
+inline bool AddUnderPace(KeySlotShm& key) {
+  uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
+  do {
+    if ((seen >> kAuxUnderPaceShift) >= kAuxUnderPaceMax) return false;
+  } while (!key.budget_aux.compare_exchange_weak(
+      seen, seen + (uint32_t{1} << kAuxUnderPaceShift),
+      std::memory_order_relaxed));
+  return true;
+}
+
+// Takes one off it (never below 0).
+inline void DropUnderPace(KeySlotShm& key) {
+  uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
+  while ((seen >> kAuxUnderPaceShift) > 0 &&
+         !key.budget_aux.compare_exchange_weak(
+             seen, seen - (uint32_t{1} << kAuxUnderPaceShift),
+             std::memory_order_relaxed)) {
+  }
+}
+
+inline void ClearUnderPace(KeySlotShm& key) {
+  key.budget_aux.fetch_and(kAuxHolderMask, std::memory_order_relaxed);
+}
+
 inline BudgetState LoadBudget(const KeySlotShm& key) {
   BudgetState s;
   s.last_ns = key.budget_last_ns.load(std::memory_order_relaxed);
@@ -54,8 +96,10 @@ inline BudgetState LoadBudget(const KeySlotShm& key) {
   const uint32_t boost = key.boost.load(std::memory_order_relaxed);
   s.boost = boost != 0 ? boost : kBoostOne;
   const uint32_t aux = key.budget_aux.load(std::memory_order_relaxed);
-  s.under_ticks = aux & 0xff;
-  s.packet_bytes = (aux >> 8) * 256;
+  s.under_ticks = aux & kAuxUnderTicksMask;
+  s.packet_bytes = ((aux & kAuxHolderMask) >> kAuxPacketShift) * 256;
+  s.start_ns = key.budget_start_ns.load(std::memory_order_relaxed);
+  s.start_allowance_bytes = key.start_allowance.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -68,11 +112,17 @@ inline void StoreBudget(KeySlotShm& key, const BudgetState& s) {
   key.measured_bytes_per_sec.store(s.measured_bytes_per_sec,
                                    std::memory_order_relaxed);
   key.boost.store(s.boost, std::memory_order_relaxed);
+  key.budget_start_ns.store(s.start_ns, std::memory_order_relaxed);
+  key.start_allowance.store(s.start_allowance_bytes, std::memory_order_relaxed);
   const uint32_t packet_units =
-      std::min<uint32_t>(s.packet_bytes / 256, 0xffffff);
-  key.budget_aux.store(
-      std::min<uint32_t>(s.under_ticks, 0xff) | packet_units << 8,
-      std::memory_order_relaxed);
+      std::min<uint32_t>(s.packet_bytes / 256, kAuxPacketMax);
+  const uint32_t mine = std::min<uint32_t>(s.under_ticks, kAuxUnderTicksMask) |
+                        packet_units << kAuxPacketShift;
+  // The count of connections under their pace is kept as it is.
+  uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
+  while (!key.budget_aux.compare_exchange_weak(
+      seen, (seen & ~kAuxHolderMask) | mine, std::memory_order_relaxed)) {
+  }
 }
 
 // The pacing rate of each sending connection of a key in budget mode: its

@@ -82,6 +82,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
                       ? -1
                       : static_cast<double>(budget.boost) / kBoostOne;
       row.packet_bytes = budget.packet_bytes;
+      row.under_pace = UnderPaceOf(k);
       row.share_bytes_per_sec = LevelInForce(
           budget.level_bytes_per_sec, snap.rate_bytes_per_sec, row.active);
     }

@@ -42,6 +42,9 @@ struct KeySnapshot {
   // its connections send, as measured.
   double boost = -1;
   uint32_t packet_bytes = 0;
+  // Budget mode: of its sending connections, how many send less than their
+  // pacing allows (their owners' last look).
+  uint32_t under_pace = 0;
   uint64_t bytes_sent = 0;  // live connections plus those already closed
   uint64_t connections_served = 0;  // registered since the key was inserted
   // CLOCK_MONOTONIC when the key last had a connection join, leave or close;

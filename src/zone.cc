@@ -45,7 +45,7 @@ uint64_t Layout(uint32_t n, ZoneGeometry* g) {
   g->bucket_count = RoundUpPow2(n);
   g->buckets_offset = AlignUp(sizeof(ZoneHeaderShm));
   g->keys_offset = AlignUp(g->buckets_offset + 4ULL * g->bucket_count);
-  g->conns_offset = g->keys_offset + sizeof(KeySlotShm) * uint64_t{n};
+  g->conns_offset = AlignUp(g->keys_offset + sizeof(KeySlotShm) * uint64_t{n});
   g->procs_offset =
       AlignUp(g->conns_offset + sizeof(ConnSlotShm) * uint64_t{n});
   return g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity};
@@ -381,6 +381,8 @@ uint32_t Zone::FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns) {
   k.connections_served.store(0, std::memory_order_relaxed);
   k.sent_bytes.store(0, std::memory_order_relaxed);
   k.lease.store(0, std::memory_order_relaxed);
+  ClearUnderPace(k);
+  k.start_pending.store(0, std::memory_order_relaxed);
   StoreBudget(k, BudgetState());
   const uint32_t bucket = BucketOf(key_bytes);
   k.next = buckets_[bucket];
@@ -410,6 +412,7 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
   c.bytes_sent.store(0, std::memory_order_relaxed);
   c.bytes_left.store(0, std::memory_order_relaxed);
   c.drain_bytes.store(0, std::memory_order_relaxed);
+  c.under_pace.store(0, std::memory_order_relaxed);
   StoreBytes(c.peer, peer, sizeof(c.peer));
   __atomic_store_n(&c.peer_port, peer_port, __ATOMIC_RELAXED);
   // Odd: in use. The release store publishes the fields above.
@@ -450,6 +453,7 @@ void Zone::FreeKeyLocked(uint32_t key_index) {
   k.in_use.store(0, std::memory_order_release);
   k.refs.store(0, std::memory_order_relaxed);
   k.active.store(0, std::memory_order_relaxed);
+  ClearUnderPace(k);
   k.generation.fetch_add(1, std::memory_order_release);
   static constexpr uint8_t kZeros[kKeyBytes] = {};
   StoreBytes(k.key, kZeros, kKeyBytes);
@@ -467,6 +471,12 @@ bool Zone::JoinLocked(uint32_t conn_index) {
     return false;
   }
   c.active.store(1, std::memory_order_relaxed);
+  if (c.bytes_sent.load(std::memory_order_relaxed) == 0 &&
+      share_mode() == ShareMode::kBudget) {
+    // New: its first segments leave unpaced (BudgetInput).
+    keys_[k].start_pending.fetch_add(kUnpacedStartBytes,
+                                     std::memory_order_relaxed);
+  }
   const uint32_t before =
       keys_[k].active.fetch_add(1, std::memory_order_relaxed);
   AdjustLevelLocked(keys_[k], before, before + 1);
@@ -475,14 +485,38 @@ bool Zone::JoinLocked(uint32_t conn_index) {
   return true;
 }
 
+void Zone::DropUnderPace(ConnSlotShm& conn) {
+  if (conn.under_pace.exchange(0, std::memory_order_relaxed) == 0) return;
+  const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
+  if (k < key_capacity()) trafficrate::DropUnderPace(keys_[k]);
+}
+
+void Zone::SetUnderPace(uint32_t conn_index, bool under) {
+  if (conn_index >= conn_capacity()) return;
+  ConnSlotShm& c = conns_[conn_index];
+  const uint32_t k = c.key_index.load(std::memory_order_relaxed);
+  if (k >= key_capacity()) return;
+  if (!under) {
+    DropUnderPace(c);
+    return;
+  }
+  if (!c.active.load(std::memory_order_relaxed) ||
+      c.under_pace.load(std::memory_order_relaxed) != 0 ||
+      !AddUnderPace(keys_[k])) {
+    return;
+  }
+  c.under_pace.store(1, std::memory_order_relaxed);
+}
+
 bool Zone::LeaveLocked(uint32_t conn_index) {
   if (conn_index >= conn_capacity()) return false;
   ConnSlotShm& c = conns_[conn_index];
   const uint32_t k = c.key_index.load(std::memory_order_relaxed);
-  if ((c.seq.load(std::memory_order_relaxed) & 1) == 0 || k >= key_capacity() ||
-      !c.active.load(std::memory_order_relaxed)) {
+  if ((c.seq.load(std::memory_order_relaxed) & 1) == 0 || k >= key_capacity()) {
     return false;
   }
+  DropUnderPace(c);
+  if (!c.active.load(std::memory_order_relaxed)) return false;
   c.active.store(0, std::memory_order_relaxed);
   const uint32_t before = keys_[k].active.load(std::memory_order_relaxed);
   if (before > 0) {
@@ -641,6 +675,7 @@ void Zone::RepairLocked() {
   for (uint32_t i = 0; i < key_capacity(); ++i) {
     keys_[i].refs.store(0, std::memory_order_relaxed);
     keys_[i].active.store(0, std::memory_order_relaxed);
+    ClearUnderPace(keys_[i]);
   }
   for (uint32_t i = 0; i < proc_capacity(); ++i) {
     procs_[i].conns.store(0, std::memory_order_relaxed);
@@ -657,6 +692,12 @@ void Zone::RepairLocked() {
       keys_[k].refs.fetch_add(1, std::memory_order_relaxed);
       if (c.active.load(std::memory_order_relaxed)) {
         keys_[k].active.fetch_add(1, std::memory_order_relaxed);
+        if (c.under_pace.load(std::memory_order_relaxed) &&
+            !AddUnderPace(keys_[k])) {
+          c.under_pace.store(0, std::memory_order_relaxed);
+        }
+      } else {
+        c.under_pace.store(0, std::memory_order_relaxed);
       }
       procs_[p].conns.fetch_add(1, std::memory_order_relaxed);
       ++header_->conns_used;
@@ -664,6 +705,7 @@ void Zone::RepairLocked() {
     }
     if (in_use) c.seq.fetch_add(1, std::memory_order_release);
     c.active.store(0, std::memory_order_relaxed);
+    c.under_pace.store(0, std::memory_order_relaxed);
     c.key_index.store(kNoSlot, std::memory_order_relaxed);
     c.proc_index.store(kNoSlot, std::memory_order_relaxed);
     c.next_free = header_->conn_free_head;

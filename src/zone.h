@@ -114,6 +114,10 @@ class Zone {
   // Leaves, then frees the connection, and its key once unused.
   bool DeregisterConnLocked(uint32_t conn_index);
   void TransferConnLocked(uint32_t conn_index, uint32_t proc_index, int fd);
+  // Budget mode, lock-free, by the connection's owner: whether it sends
+  // less than its pacing allows (KeySlotShm::under_pace). Only an active
+  // connection is counted; a leave takes it off the count.
+  void SetUnderPace(uint32_t conn_index, bool under);
   // Claims a free process slot for pid and locks its liveness mutex from the
   // calling thread, which must hold it for the life of the process.
   uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns);
@@ -167,6 +171,8 @@ class Zone {
   // (LevelAfterMembershipChange), before the next tick.
   void AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after);
   void FreeKeyLocked(uint32_t key_index);
+  // Takes a connection off its key's under_pace count if it is on it.
+  void DropUnderPace(ConnSlotShm& conn);
 
   std::string name_;
   void* base_;

@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 3;
+inline constexpr uint32_t kZoneLayoutVersion = 4;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -55,10 +55,22 @@ struct KeySlotShm {
   std::atomic<uint64_t> level_bytes_per_sec;  // cap in force; 0: none yet
   std::atomic<uint64_t> measured_bytes_per_sec;
   std::atomic<uint32_t> boost;  // 16.16; UINT32_MAX: unbound
-  // Low 8 bits: ticks in a row clearly under the rate; the rest: the
+  // Low 8 bits: ticks in a row clearly under the rate; bits 8-16: the
   // largest packet of its connections at the last tick, in units of 256
-  // bytes (key_budget.h).
+  // bytes (both written by the lease holder); bits 17-31: how many of its
+  // sending connections send less than their pacing allows (the host has
+  // nothing queued, or the client reads slowly), as their owners last saw
+  // (each adds and takes off its own). key_budget.h.
   std::atomic<uint32_t> budget_aux;
+  // Budget mode: the unpaced first segments of new connections not yet
+  // forgiven (each join of a connection that never sent adds them; the
+  // lease holder takes off what it forgave or let lapse), when the key's
+  // current run of sending began, and what it may still forgive outside
+  // that run's first moments (BudgetState::start_allowance_bytes).
+  std::atomic<uint64_t> start_pending;
+  std::atomic<int64_t> budget_start_ns;
+  std::atomic<uint64_t> start_allowance;
+  uint64_t reserved0;
 };
 
 struct ConnSlotShm {
@@ -72,7 +84,10 @@ struct ConnSlotShm {
   std::atomic<uint64_t> bytes_sent;
   uint8_t peer[16];    // client address, IPv6 or v4-mapped
   uint16_t peer_port;  // host order
-  uint16_t reserved0;
+  // 1 while counted in its key's under_pace; written by its owner, cleared
+  // by whoever takes it out of its key (zone.cc: an exchange decides who
+  // takes it off the count).
+  std::atomic<uint16_t> under_pace;
   uint32_t reserved1;
   // Of bytes_sent, how many had left the socket when its owner last looked
   // (budget mode). Only the owner writes it.
@@ -137,8 +152,9 @@ struct ZoneHeaderShm {
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint16_t>::is_always_lock_free);
 static_assert(std::is_standard_layout_v<KeySlotShm> &&
-              sizeof(KeySlotShm) == 128);
+              sizeof(KeySlotShm) == 160);
 static_assert(std::is_standard_layout_v<ConnSlotShm> &&
               sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&

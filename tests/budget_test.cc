@@ -55,6 +55,7 @@ class Sim {
     c.remaining = bytes;
     c.active = true;
     c.next_departure_ns = now_;
+    start_pending_ += kUnpacedStartBytes;  // as Zone::JoinLocked
     const uint32_t before = Active();
     state_ = BudgetMembershipChange(state_, settings_, before, before + 1);
     applied_ = state_.level_bytes_per_sec;
@@ -165,13 +166,19 @@ class Sim {
       }
     }
     double packet = 0;
+    uint32_t under = 0;
     for (const SimConn& c : conns_) {
-      if (c.active) packet = std::max(packet, PacketBytes(c));
+      if (!c.active) continue;
+      packet = std::max(packet, PacketBytes(c));
+      // As the watcher sees it (Governor::IsUnderPace): a reader that takes
+      // clearly less than the connection's pace.
+      if (c.demand < 0.85 * c.cap) ++under;
     }
     state_ = BudgetTick(state_,
                         {now_, static_cast<uint64_t>(measured_total_), Active(),
-                         static_cast<uint32_t>(packet)},
+                         static_cast<uint32_t>(packet), under, start_pending_},
                         settings_);
+    start_pending_ = state_.start_pending_bytes;
     if (LevelWorthApplying(applied_, state_.level_bytes_per_sec)) {
       applied_ = state_.level_bytes_per_sec;
       ++ticks_applied_;
@@ -198,6 +205,8 @@ class Sim {
     }
     if (!c.active || c.remaining <= 0 || now_ < c.next_departure_ns) return;
     double size = std::min(PacketBytes(c), c.remaining);
+    // The first flight is the initial window: 10 segments, unpaced.
+    if (c.segs_out < 10) size = std::min(size, (10 - c.segs_out) * kMss);
     if (c.demand != kInf) size = std::min(size, c.credit);
     if (size < std::min(kMss, c.remaining)) return;
     c.remaining -= size;
@@ -232,6 +241,7 @@ class Sim {
   int64_t now_ = 1'000'000'000;  // never 0: 0 means "never ticked"
   double total_ = 0;
   double measured_total_ = 0;
+  uint64_t start_pending_ = 0;  // KeySlotShm::start_pending
   double last_total_ = 0;
   std::vector<double> per_10ms_;
   std::vector<SimConn> conns_;
@@ -295,6 +305,51 @@ TEST(BudgetTest, ConvergesToMaxMinShares) {
   EXPECT_NEAR(level, 216'000, 0.08 * 216'000);
 }
 
+// Every connection held back by its pacing (under 0): the equal share is
+// the max-min level, whatever the count's lumps say. Bytes that leave in
+// packets sent in step (nothing for a while, then a lump) must not move
+// the level above it.
+TEST(BudgetTest, ConnectionsAllHeldBackByTheirPacingKeepTheEqualShare) {
+  const BudgetSettings settings{512000, DefaultBurstBytes(512000)};
+  const uint32_t n = 16;
+  const uint64_t equal = 512000 / n;
+  BudgetState state;
+  uint64_t sent = 0;
+  int64_t now = 1'000'000'000;
+  state = BudgetTick(state, {now, sent, n, 2896, 0}, settings);
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (int tick = 1; tick <= 500; ++tick) {
+    now += kBudgetTickNs;
+    // 10 s at exactly the rate on average: a lump of 5 ticks' worth every
+    // fifth tick.
+    if (tick % 5 == 0) sent += 512000 / 10;
+    state = BudgetTick(state, {now, sent, n, 2896, 0}, settings);
+    if (tick > 50) {
+      lo = std::min(lo, state.level_bytes_per_sec);
+      hi = std::max(hi, state.level_bytes_per_sec);
+    }
+  }
+  EXPECT_LE(hi, equal);
+  EXPECT_GE(lo, equal * 9 / 10);
+  EXPECT_LE(state.boost, kBoostOne);
+  // The same lumps with half the connections using less than their share:
+  // the level may rise, but never beyond the rate over those held back.
+  state = BudgetState();
+  now += 2'000'000'000;
+  state = BudgetTick(state, {now, sent, n, 2896, n / 2}, settings);
+  hi = 0;
+  for (int tick = 1; tick <= 500; ++tick) {
+    now += kBudgetTickNs;
+    if (tick % 5 == 0) sent += 512000 * 3 / 40;  // 3/4 of the rate
+    state = BudgetTick(state, {now, sent, n, 2896, n / 2}, settings);
+    hi = std::max(hi, state.level_bytes_per_sec);
+  }
+  EXPECT_GT(hi, equal * 3 / 2);
+  // At most 2 x equal, plus what the balance adds for its bank.
+  EXPECT_LE(hi, 2 * equal * 3 / 2);
+  EXPECT_LE(state.boost, 2 * kBoostOne);
+}
+
 TEST(BudgetTest, NothingIsHeldBackWhileTheKeyIsClearlyUnderItsRate) {
   Sim sim(100 << 20, /*big_packets=*/false);
   for (int i = 0; i < 20; ++i) sim.Join(1 << 20);  // 20 MiB/s of 100 MiB/s
@@ -307,11 +362,19 @@ TEST(BudgetTest, DebtsAreRepaidWithinAboutTheHorizon) {
   Sim sim(512000, /*big_packets=*/false);
   for (int i = 0; i < 4; ++i) sim.Join();
   sim.Run(3);
-  // 8 new connections each send their first 10 segments unpaced at once
-  // (~113 KiB), then leave.
-  for (int i = 0; i < 8; ++i) sim.Join(kInf, 10 * kMss);
+  // 4 new connections each send their first 10 segments unpaced at once
+  // (~57 KiB), then leave: forgiven from the allowance (refilled while no
+  // new connection joined), not repaid.
+  for (int i = 0; i < 4; ++i) sim.Join(kInf, 10 * kMss);
   sim.Run(0.1);
-  EXPECT_GT(BudgetDebtBytes(sim.state()), 50'000u);
+  EXPECT_LE(BudgetDebtBytes(sim.state()), DefaultBurstBytes(512000));
+  EXPECT_LT(sim.state().start_allowance_bytes, 512000u / 5 - 50'000);
+  sim.Run(2.9);
+  EXPECT_GE(sim.Ratio(4.1, 5.1), 0.97);
+  // 16 more at once (~226 KiB): beyond the allowance left, a debt.
+  for (int i = 0; i < 16; ++i) sim.Join(kInf, 10 * kMss);
+  sim.Run(0.1);
+  EXPECT_GT(BudgetDebtBytes(sim.state()), 100'000u);
   sim.Run(kBudgetHorizonNs / 1e9);
   // Most of it is repaid within the horizon, and all of it down to about
   // the dead band of half a burst soon after.
@@ -319,21 +382,46 @@ TEST(BudgetTest, DebtsAreRepaidWithinAboutTheHorizon) {
   sim.Run(0.5);
   EXPECT_LE(BudgetDebtBytes(sim.state()), DefaultBurstBytes(512000));
   sim.Run(5.5);
-  EXPECT_NEAR(sim.Ratio(2, 10), 1.0, 0.03);
+  // Over the rate by what was forgiven (0.2 s of the rate, 2% of these
+  // 11 s), no more.
+  EXPECT_NEAR(sim.Ratio(2, 13), 1.02, 0.02);
   // Repaid, not forgiven: the second after the burst sends less than the
   // rate by about what was owed, and then the rate again.
-  EXPECT_LE(sim.Ratio(3.1, 4.1), 0.95);
-  const auto [lo, hi] = sim.WindowRange(5, 10);
+  EXPECT_LE(sim.Ratio(6.1, 7.1), 0.95);
+  const auto [lo, hi] = sim.WindowRange(8, 13);
   EXPECT_GE(lo, 0.95);
   EXPECT_LE(hi, 1.05);
+}
+
+// Connections that start together at a key's start each send their first
+// 10 segments unpaced: 64 of them 1.8 s of the rate in a moment. That is
+// forgiven (repaying it would hold the key far below its rate for the
+// seconds after), and the level stays the equal share.
+TEST(BudgetTest, ConnectionsStartingTogetherAreNotMadeToRepayTheirStart) {
+  Sim sim(512000, /*big_packets=*/false);
+  for (int i = 0; i < 64; ++i) sim.Join();
+  sim.Run(1);
+  // (The simulated connections send in exact step, so its 1 s windows hold
+  // two or three rounds of packets, in any mode; the level is what the
+  // controller answers for.)
+  uint64_t lowest = UINT64_MAX;
+  for (int i = 0; i < 110; ++i) {
+    sim.Run(0.1);
+    lowest = std::min(lowest, sim.state().level_bytes_per_sec);
+  }
+  EXPECT_GE(lowest, 512000 / 64 * 9 / 10);
+  EXPECT_NEAR(sim.Ratio(2, 12), 1.0, 0.03);
 }
 
 TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
   for (int per_sec : {10, 20}) {
     Sim sim(512000, /*big_packets=*/false);
     for (int i = 0; i < 4; ++i) sim.Join();
-    sim.Run(1);
-    for (int s = 0; s < 11 * per_sec; ++s) {
+    // As in the benchmark, the requests start with the downloads. The
+    // first few are forgiven their unpaced start (BudgetInput): measured
+    // from 2 s, as the benchmark does.
+    sim.Run(0.1);
+    for (int s = 0; s < 12 * per_sec; ++s) {
       sim.Join(kInf, 65536);  // a 64 KiB Range request on a new connection
       sim.Run(1.0 / per_sec);
     }
@@ -347,7 +435,6 @@ TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
       EXPECT_LE(sim.Ratio(2, 11), 1.40) << per_sec;
       continue;
     }
-    // From 1 s after they start, as the benchmark measures.
     EXPECT_LE(sim.Ratio(2, 11), 1.03) << per_sec;
     EXPECT_GE(sim.Ratio(2, 11), 0.97) << per_sec;
     const auto [lo, hi] = sim.WindowRange(2, 11);

@@ -142,12 +142,13 @@ TEST(FormatStatJsonTest, ExactFigures) {
   EXPECT_THAT(out, HasSubstr("\"share_mode\": \"equal\""));
   EXPECT_THAT(out, HasSubstr("\"used\": {\"keys\": 2, \"connections\": 1, "
                              "\"active\": 1, \"processes\": 1}"));
-  EXPECT_THAT(out, HasSubstr("{\"key\": \"127.0.0.2\", \"active\": 4, "
-                             "\"connections\": 4, \"share\": 128000, "
-                             "\"measured\": 0, \"level\": 0, \"debt\": 0, "
-                             "\"boost\": null, \"packet_bytes\": 0, "
-                             "\"bytes\": 5000000, \"served\": 9, "
-                             "\"idle_seconds\": 0.000}"));
+  EXPECT_THAT(
+      out, HasSubstr("{\"key\": \"127.0.0.2\", \"active\": 4, "
+                     "\"connections\": 4, \"share\": 128000, "
+                     "\"measured\": 0, \"level\": 0, \"debt\": 0, "
+                     "\"boost\": null, \"packet_bytes\": 0, \"under_pace\": 0, "
+                     "\"bytes\": 5000000, \"served\": 9, "
+                     "\"idle_seconds\": 0.000}"));
   EXPECT_THAT(out, HasSubstr("\"idle_seconds\": 12.000"));
   EXPECT_THAT(out, HasSubstr("{\"pid\": 102, \"connections\": 2, "
                              "\"alive\": false}"));

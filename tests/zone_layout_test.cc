@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 3u);
+  EXPECT_EQ(kZoneLayoutVersion, 4u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -66,7 +66,7 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
 }
 
 TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(KeySlotShm), 128u);
+  EXPECT_EQ(sizeof(KeySlotShm), 160u);
   EXPECT_EQ(alignof(KeySlotShm), 8u);
   EXPECT_EQ(offsetof(KeySlotShm, key), 0u);
   EXPECT_EQ(sizeof(KeySlotShm::key), 20u);
@@ -87,6 +87,10 @@ TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(KeySlotShm, measured_bytes_per_sec), 112u);
   EXPECT_EQ(offsetof(KeySlotShm, boost), 120u);
   EXPECT_EQ(offsetof(KeySlotShm, budget_aux), 124u);
+  EXPECT_EQ(offsetof(KeySlotShm, start_pending), 128u);
+  EXPECT_EQ(offsetof(KeySlotShm, budget_start_ns), 136u);
+  EXPECT_EQ(offsetof(KeySlotShm, start_allowance), 144u);
+  EXPECT_EQ(offsetof(KeySlotShm, reserved0), 152u);
 }
 
 TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
@@ -103,7 +107,7 @@ TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ConnSlotShm, peer), 40u);
   EXPECT_EQ(sizeof(ConnSlotShm::peer), 16u);
   EXPECT_EQ(offsetof(ConnSlotShm, peer_port), 56u);
-  EXPECT_EQ(offsetof(ConnSlotShm, reserved0), 58u);
+  EXPECT_EQ(offsetof(ConnSlotShm, under_pace), 58u);
   EXPECT_EQ(offsetof(ConnSlotShm, reserved1), 60u);
   EXPECT_EQ(offsetof(ConnSlotShm, bytes_left), 64u);
   EXPECT_EQ(offsetof(ConnSlotShm, drain_bytes), 72u);
@@ -206,6 +210,10 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, level_bytes_per_sec);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, measured_bytes_per_sec);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, boost);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, budget_aux);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, start_pending);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, budget_start_ns);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, start_allowance);
   fp.Add(sizeof(ConnSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, seq);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, key_index);
@@ -217,6 +225,7 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, bytes_sent);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer_port);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, under_pace);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, bytes_left);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, drain_bytes);
   fp.Add(sizeof(ProcSlotShm));
@@ -239,6 +248,8 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {1, 0x01e422efd798a62cULL},
       {2, 0x678770207850bf9cULL},  // key last_active_ns, connections_served
       {3, 0x969fd228117d097cULL},  // shared budget: key, conn, header fields
+      {4, 0x4af1178a17ce20ccULL},  // connections under their pace: key
+                                   // budget_aux, conn
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -323,20 +334,20 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 4518u);
-  EXPECT_EQ(g.conn_capacity, 4518u);
-  EXPECT_EQ(g.proc_capacity, 1129u);
-  EXPECT_EQ(g.bucket_count, 8192u);
+  EXPECT_EQ(g.key_capacity, 3970u);
+  EXPECT_EQ(g.conn_capacity, 3970u);
+  EXPECT_EQ(g.proc_capacity, 992u);
+  EXPECT_EQ(g.bucket_count, 4096u);
   EXPECT_EQ(g.buckets_offset, 320u);
-  EXPECT_EQ(g.keys_offset, 33088u);
+  EXPECT_EQ(g.keys_offset, 16704u);
 }
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 281u);
-  EXPECT_EQ(g.conn_capacity, 281u);
-  EXPECT_EQ(g.proc_capacity, 70u);
-  EXPECT_EQ(g.bucket_count, 512u);
+  EXPECT_EQ(g.key_capacity, 247u);
+  EXPECT_EQ(g.conn_capacity, 247u);
+  EXPECT_EQ(g.proc_capacity, 61u);
+  EXPECT_EQ(g.bucket_count, 256u);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/key_budget.h"
 #include "src/zone_layout.h"
 #include "tests/test_util.h"
 
@@ -371,6 +372,58 @@ TEST_F(ZoneTest, JoinAndLeaveBumpTheGenerationOnlyOnChange) {
   EXPECT_EQ(zone->header().conns_used, 0u);
   EXPECT_FALSE(zone->JoinLocked(zone->conn_capacity()));
   EXPECT_FALSE(zone->LeaveLocked(kNoSlot));
+}
+
+// Budget mode: the count of a key's connections under their pace (in
+// budget_aux beside what the lease holder writes) follows the owners'
+// marks, never counts a connection twice or one that left, and survives
+// the holder's stores.
+TEST_F(ZoneTest, UnderPaceCountFollowsMarksJoinsAndLeaves) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  const uint32_t c1 = RegisterLocked(*zone, 9, 0, 10);
+  const uint32_t c2 = RegisterLocked(*zone, 9, 1, 11);
+  const uint32_t c3 = RegisterLocked(*zone, 9, 2, 12);
+  ASSERT_NE(c3, kNoSlot);
+  KeySlotShm& key = zone->key(zone->conn(c1).key_index.load());
+  zone->SetUnderPace(c1, true);
+  EXPECT_EQ(UnderPaceOf(key), 0u) << "not sending: not counted";
+  ASSERT_TRUE(zone->JoinLocked(c1));
+  ASSERT_TRUE(zone->JoinLocked(c2));
+  ASSERT_TRUE(zone->JoinLocked(c3));
+  zone->SetUnderPace(c1, true);
+  zone->SetUnderPace(c1, true);
+  zone->SetUnderPace(c2, true);
+  EXPECT_EQ(UnderPaceOf(key), 2u);
+  // The lease holder's store keeps the count.
+  BudgetState state = LoadBudget(key);
+  state.packet_bytes = 65536;
+  state.under_ticks = 7;
+  StoreBudget(key, state);
+  EXPECT_EQ(UnderPaceOf(key), 2u);
+  EXPECT_EQ(LoadBudget(key).packet_bytes, 65536u);
+  EXPECT_EQ(LoadBudget(key).under_ticks, 7u);
+  zone->SetUnderPace(c2, false);
+  zone->SetUnderPace(c2, false);
+  zone->SetUnderPace(c3, false);
+  EXPECT_EQ(UnderPaceOf(key), 1u);
+  // A leave takes it off; so does a close of a connection still marked.
+  ASSERT_TRUE(zone->LeaveLocked(c1));
+  EXPECT_EQ(UnderPaceOf(key), 0u);
+  zone->SetUnderPace(c3, true);
+  EXPECT_EQ(UnderPaceOf(key), 1u);
+  EXPECT_TRUE(zone->DeregisterConnLocked(c3));
+  EXPECT_EQ(UnderPaceOf(key), 0u);
+  // A repair recounts it from the marks of the connections still there.
+  zone->SetUnderPace(c2, true);
+  ASSERT_TRUE(zone->JoinLocked(c1));
+  zone->SetUnderPace(c1, true);
+  key.budget_aux.fetch_or(~kAuxHolderMask);  // a count gone wrong
+  zone->RepairLocked();
+  EXPECT_EQ(UnderPaceOf(key), 2u);
+  EXPECT_EQ(LoadBudget(key).packet_bytes, 65536u);
 }
 
 TEST_F(ZoneTest, FreedConnectionSlotGetsANewCookie) {

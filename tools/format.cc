@@ -181,12 +181,12 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
         &out,
         "%s\n  {\"key\": %s, \"active\": %u, \"connections\": %u, "
         "\"share\": %u, \"measured\": %u, \"level\": %u, \"debt\": %u, "
-        "\"boost\": %s, \"packet_bytes\": %u, "
+        "\"boost\": %s, \"packet_bytes\": %u, \"under_pace\": %u, "
         "\"bytes\": %u, \"served\": %u, \"idle_seconds\": %.3f}",
         sep, JsonString(k.key), k.active, k.connections, k.share_bytes_per_sec,
         k.measured_bytes_per_sec, k.level_bytes_per_sec, k.debt_bytes,
         k.boost < 0 ? std::string("null") : absl::StrFormat("%.4f", k.boost),
-        k.packet_bytes, k.bytes_sent, k.connections_served,
+        k.packet_bytes, k.under_pace, k.bytes_sent, k.connections_served,
         IdleSeconds(k, s.taken_ns));
     sep = ",";
   }
