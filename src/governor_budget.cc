@@ -260,12 +260,15 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
       // a connection is measured about every two segments at its pace:
       // what left between two measurements of a slow connection is a
       // packet. Not its first segments, which the kernel sends at once
-      // (they are no packet of its pace).
+      // (they are no packet of its pace). A visit that comes late sees two
+      // packets or more at once, so the smallest step is the packet: a
+      // smaller one is taken at once, a larger one a quarter at a time.
       const uint32_t before =
           local.packet_bytes.load(std::memory_order_relaxed);
+      const uint32_t seen =
+          static_cast<uint32_t>(std::min(step, kMaxPacketBytes));
       local.packet_bytes.store(
-          std::max(static_cast<uint32_t>(std::min(step, kMaxPacketBytes)),
-                   before - before / 4),
+          before == 0 ? seen : std::min(seen, before + before / 4),
           std::memory_order_relaxed);
     }
   }
