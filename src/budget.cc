@@ -233,25 +233,6 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
       next.boost =
           under_pace == 0 ? kBoostOne : ToBoost(Clamp(n * rate / sent, 1.0, n));
     }
-  } else if (all_paced) {
-    // Every sending connection is held back by its pacing: the equal share
-    // is the max-min level, so the boost is 1 at most. It goes below 1 only
-    // while the key sends more than its rate even so (the unpaced starts of
-    // a stream of new connections), integrating the gap as below. The count
-    // moves in whole packets, often in step: while the balance is within
-    // the band, where those lumps are most of what it shows, the boost goes
-    // down twice as slowly as it comes back up, so that their noise
-    // does not keep the level below the equal share.
-    const double balance_error = BalanceFactor(next, rate, pace) - 1;
-    double boost = std::min(static_cast<double>(state.boost) / kBoostOne, 1.0);
-    const double error = (rate - measured) / rate;
-    const double integral_ns = balance_error < 0 || error > 0
-                                   ? pace.integral_ns
-                                   : 2 * pace.integral_ns;
-    boost *= std::exp(Clamp(error * dt / integral_ns, -1.0, 1.0) +
-                      balance_error * dt / kBalanceIntegralNs);
-    next.under_ticks = 0;
-    next.boost = ToBoost(Clamp(boost, pace.min_boost, 1.0));
   } else {
     // Integral action: the boost rises while the key sends less than its
     // rate (some connections use less than their share: the rest split
@@ -269,7 +250,19 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     const double error = (rate - measured) / rate;
     const double balance_error = BalanceFactor(next, rate, pace) - 1;
     double boost = static_cast<double>(state.boost) / kBoostOne;
-    boost *= std::exp(Clamp(error * dt / pace.integral_ns, -1.0, 1.0) +
+    double integral_ns = pace.integral_ns;
+    if (all_paced) {
+      // Every sending connection is held back by its pacing: the equal
+      // share is the max-min level, so the boost is 1 at most (`most`
+      // below), under only while the key sends more than its rate even so.
+      // The count moves in whole packets, often in step: while the balance
+      // is within the band, where those lumps are most of what it shows,
+      // the boost goes down twice as slowly as it comes back up, so that
+      // their noise does not keep the level below the equal share.
+      boost = std::min(boost, 1.0);
+      if (balance_error >= 0 && error <= 0) integral_ns *= 2;
+    }
+    boost *= std::exp(Clamp(error * dt / integral_ns, -1.0, 1.0) +
                       balance_error * dt / kBalanceIntegralNs);
     if (boost > 1 && pace.gap_ns <= 5 * kBudgetTickNs && now_rate > 2 * rate &&
         measured > 1.25 * rate) {
@@ -283,8 +276,10 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     // spare, so the boost doubles per tick, up to the whole rate (unbound).
     // A while: at least kUnderTicks, and two gaps between packets, since
     // connections sending large packets in step are silent in between.
+    // Not while every connection is held back by its pacing: the equal
+    // share is right then whatever the count says.
     const bool under_now =
-        measured < kUnbindBelow * rate && balance >= burst / 2;
+        !all_paced && measured < kUnbindBelow * rate && balance >= burst / 2;
     next.under_ticks = under_now ? state.under_ticks + 1 : 0;
     const double under_for_ns =
         std::max<double>(kUnderTicks * kBudgetTickNs, 2 * pace.gap_ns);
@@ -292,7 +287,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
         next.under_ticks * static_cast<double>(dt_ns) >= under_for_ns;
     if (under) boost *= 2;
     // The max-min level is at most the rate over the connections that
-    // are held back.
+    // are held back (1 when all are).
     const double most =
         under_pace < n ? static_cast<double>(n) / (n - under_pace) : n;
     next.boost = under && boost >= n
@@ -329,8 +324,12 @@ BudgetState BudgetMembershipChange(const BudgetState& state,
 }
 
 bool LevelWorthApplying(uint64_t applied_bytes_per_sec,
-                        uint64_t level_bytes_per_sec) {
+                        uint64_t level_bytes_per_sec,
+                        uint64_t equal_bytes_per_sec) {
   if (applied_bytes_per_sec == 0) return true;
+  if (level_bytes_per_sec == equal_bytes_per_sec) {
+    return level_bytes_per_sec != applied_bytes_per_sec;
+  }
   const uint64_t hi = std::max(applied_bytes_per_sec, level_bytes_per_sec);
   const uint64_t lo = std::min(applied_bytes_per_sec, level_bytes_per_sec);
   // 4%: above tick-to-tick noise. A level off by less is corrected through

@@ -180,8 +180,12 @@ inline uint64_t BudgetDebtBytes(const BudgetState& state) {
 
 // Whether a new level differs enough from the one applied to be worth a
 // setsockopt on every connection of the key (and a wake of every watcher).
+// A step back to the key's equal share exactly (every connection held back
+// by its pacing, nothing owed; 0: not known) is, however small: a level a
+// little off it would stay off for good.
 bool LevelWorthApplying(uint64_t applied_bytes_per_sec,
-                        uint64_t level_bytes_per_sec);
+                        uint64_t level_bytes_per_sec,
+                        uint64_t equal_bytes_per_sec = 0);
 
 // The default TRAFFICRATE_BURST for a rate: 50 ms of it, at least 16 KiB
 // (about ten segments, what a new connection sends unpaced anyway).

@@ -233,18 +233,18 @@ class Governor {
     // Budget mode: whether it sends less than its pacing allows, judged over
     // an interval that began at slow_since_ns (0: none begun) with
     // slow_since_left bytes left, in which its pacing allowed slow_allowed
-    // bytes up to the measurement at slow_last_ns, at slow_last_pace then
-    // (IsUnderPace).
+    // bytes up to the last measurement (measured_ns), at slow_last_pace
+    // then (IsUnderPace).
     std::atomic<int64_t> slow_since_ns;
     std::atomic<uint64_t> slow_since_left;
     std::atomic<uint64_t> slow_allowed;
-    std::atomic<int64_t> slow_last_ns;
     std::atomic<uint64_t> slow_last_pace;
     std::atomic<bool> slow;
   };
   // Budget mode, at a measurement (left bytes had left, unsent still
-  // queued, at pace): whether the connection sends less than its pacing
-  // allows (KeySlotShm::under_pace).
+  // queued, at pace), before MeasureConn records it in measured_ns:
+  // whether the connection sends less than its pacing allows
+  // (KeySlotShm::under_pace).
   static bool IsUnderPace(LocalConn& local, uint64_t left, int64_t unsent,
                           uint64_t pace, int64_t now_ns);
   // Budget mode: whether a visit should re-apply a changed level now (see

@@ -319,7 +319,7 @@ bool Governor::IsUnderPace(LocalConn& local, uint64_t left, int64_t unsent,
     // its pace then and now (a raise reaches it only at its next packet).
     const uint64_t last_pace =
         local.slow_last_pace.load(std::memory_order_relaxed);
-    const int64_t last_ns = local.slow_last_ns.load(std::memory_order_relaxed);
+    const int64_t last_ns = local.measured_ns.load(std::memory_order_relaxed);
     const uint64_t low = std::min(last_pace, pace);
     const uint64_t allowed =
         local.slow_allowed.load(std::memory_order_relaxed) +
@@ -347,7 +347,6 @@ bool Governor::IsUnderPace(LocalConn& local, uint64_t left, int64_t unsent,
       local.slow_allowed.store(allowed, std::memory_order_relaxed);
     }
   }
-  local.slow_last_ns.store(now_ns, std::memory_order_relaxed);
   local.slow_last_pace.store(pace, std::memory_order_relaxed);
   // Nothing queued: the host has given it nothing more to send.
   return unsent == 0 || local.slow.load(std::memory_order_relaxed);
@@ -425,27 +424,21 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   if (state.last_ns != last) return;  // decided a moment ago elsewhere
   const uint64_t published = state.level_bytes_per_sec;
   const uint64_t pending = key.start_pending.load(std::memory_order_relaxed);
+  const uint32_t active = key.active.load(std::memory_order_relaxed);
+  const BudgetSettings settings = zone_->budget_settings();
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
-                      key.active.load(std::memory_order_relaxed), packet_bytes,
-                      UnderPaceOf(key), pending},
-                     zone_->budget_settings());
+                      active, packet_bytes, UnderPaceOf(key), pending},
+                     settings);
   // Joins may have added to it meanwhile: only what this tick forgave or
   // let lapse is taken off.
   if (state.start_pending_bytes < pending) {
     key.start_pending.fetch_sub(pending - state.start_pending_bytes,
                                 std::memory_order_relaxed);
   }
-  // Back to the equal share exactly (every connection held back by its
-  // pacing, nothing owed) is applied however small the step: a level a
-  // little off it would stay off for good.
-  const uint32_t active = key.active.load(std::memory_order_relaxed);
   const bool changed =
-      LevelWorthApplying(published, state.level_bytes_per_sec) ||
-      (state.level_bytes_per_sec != published &&
-       state.level_bytes_per_sec ==
-           ShareBytesPerSec(zone_->budget_settings().rate_bytes_per_sec,
-                            active));
+      LevelWorthApplying(published, state.level_bytes_per_sec,
+                         ShareBytesPerSec(settings.rate_bytes_per_sec, active));
   if (!changed) state.level_bytes_per_sec = published;
   StoreBudget(key, state);
   // Every watcher re-applies on its next tick; senders on their next send.

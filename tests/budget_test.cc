@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "src/share.h"
 
 namespace trafficrate {
 namespace {
@@ -179,7 +180,9 @@ class Sim {
                          static_cast<uint32_t>(packet), under, start_pending_},
                         settings_);
     start_pending_ = state_.start_pending_bytes;
-    if (LevelWorthApplying(applied_, state_.level_bytes_per_sec)) {
+    if (LevelWorthApplying(
+            applied_, state_.level_bytes_per_sec,
+            ShareBytesPerSec(settings_.rate_bytes_per_sec, Active()))) {
       applied_ = state_.level_bytes_per_sec;
       ++ticks_applied_;
       ApplyToAll();
