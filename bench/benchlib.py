@@ -592,8 +592,17 @@ def percentile(values, p):
 
 
 def thread_cpu(pid, tid=None):
-    """utime + stime of a process (or one of its threads) in seconds, from
-    /proc/<pid>[/task/<tid>]/stat; None if gone."""
+    """CPU time of a process (or one of its threads) in seconds; None if
+    gone. A thread's comes from /proc/<pid>/task/<tid>/schedstat (its run
+    time in ns: stat's utime + stime count whole clock ticks, 10 ms, which
+    is a tenth of the watcher's allowance at 9 000 connections over 10 s);
+    a process's from /proc/<pid>/stat."""
+    if tid is not None:
+        try:
+            with open("/proc/%d/task/%d/schedstat" % (pid, tid), "rb") as f:
+                return int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
     path = "/proc/%d/stat" % pid if tid is None else "/proc/%d/task/%d/stat" % (pid, tid)
     try:
         with open(path, "rb") as f:

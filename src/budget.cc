@@ -56,11 +56,6 @@ constexpr double kMaxBalanceEffect = 0.5;
 // longer than a window can bear.
 constexpr double kFullReachGapNs = 2e9;
 constexpr double kMinReach = 0.25;
-// How long a connection's part of the count may lag what left, at most:
-// the watcher samples it about every two segments, at least every half
-// second, and estimates in between; a quarter second of its level covers
-// that on average.
-constexpr double kMaxSampleNs = 250e6;
 
 double Clamp(double v, double lo, double hi) {
   return v < lo ? lo : (v > hi ? hi : v);
@@ -90,7 +85,7 @@ struct KeyPace {
 };
 
 KeyPace PaceOf(const BudgetState& s, const BudgetSettings& settings,
-               uint32_t active) {
+               uint32_t active, double count_lag_ns = kBudgetCountLagNs) {
   const double rate = static_cast<double>(settings.rate_bytes_per_sec);
   const double n = active > 0 ? active : 1;
   const double level = s.level_bytes_per_sec > 0
@@ -102,11 +97,14 @@ KeyPace PaceOf(const BudgetState& s, const BudgetSettings& settings,
           : kUnknownPacketBytes;
   KeyPace pace;
   pace.gap_ns = PacketGapNs(packet, std::max(level, 1.0));
-  const double per_conn = std::min(packet, level * kMaxSampleNs / kNsPerSecF);
+  const double per_conn = std::min(packet, level * count_lag_ns / kNsPerSecF);
   pace.band_bytes =
       std::max(static_cast<double>(settings.burst_bytes) / 2, per_conn * n);
   pace.horizon_ns = std::max<double>(kBudgetHorizonNs, 2 * pace.gap_ns);
-  pace.integral_ns = std::max(kIntegralTauNs, 2 * pace.gap_ns);
+  // A count that lags more (measurements spaced out) is noisier: the
+  // integral follows it more slowly in proportion.
+  pace.integral_ns = std::max(kIntegralTauNs, 2 * pace.gap_ns) *
+                     std::max(1.0, count_lag_ns / kBudgetCountLagNs);
   const double reach = Clamp(kFullReachGapNs / pace.gap_ns, kMinReach, 1);
   pace.min_boost = 1 - (1 - kMinBoost) * reach;
   pace.balance_effect = kMaxBalanceEffect * reach;
@@ -183,7 +181,10 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
 
   // The pace depends on the level in force, the packet size and the
   // connections, none of which this tick changes before it decides.
-  const KeyPace pace = PaceOf(next, settings, n);
+  const KeyPace pace =
+      PaceOf(next, settings, n,
+             std::max<double>(kBudgetCountLagNs,
+                              static_cast<double>(input.count_lag_ns)));
   // The token bucket: at most `burst` banked, at most kBudgetMaxDebtNs owed.
   double balance =
       static_cast<double>(state.balance_bytes) + rate * dt / kNsPerSecF - bytes;

@@ -79,7 +79,9 @@ inline uint32_t BudgetTickOf(int64_t now_ns) {
   return tick != 0 ? tick : 1;
 }
 // A tick after a gap longer than this starts the key afresh (it was idle).
-inline constexpr int64_t kBudgetMaxGapNs = 1'000'000'000;
+// Keys of slow connections are decided up to 1.6 s apart when the watcher
+// spaces its work out (cpu_budget.h).
+inline constexpr int64_t kBudgetMaxGapNs = 2'000'000'000;
 // The debt is bounded, so that a rate lowered by `trafficrate set` or a
 // flood of new connections is not paid for over minutes.
 inline constexpr int64_t kBudgetMaxDebtNs = 500'000'000;  // 0.5 s of rate
@@ -89,6 +91,11 @@ inline constexpr uint32_t kBoostOne = 1 << 16;            // fixed point 16.16
 inline constexpr int64_t kStartGraceNs = 500'000'000;
 // The boost of a key that is not held back at all: its level is the rate.
 inline constexpr uint32_t kBoostUnbound = UINT32_MAX;
+
+// How long a connection's part of the count may lag what left: the watcher
+// samples it about every two segments, at least every 2 s, and estimates
+// in between; a quarter second of its level covers that on average.
+inline constexpr int64_t kBudgetCountLagNs = 250'000'000;
 
 // A full segment on a 1500-byte path (the kernel's MSS there).
 inline constexpr uint64_t kSegmentBytes = 1448;
@@ -156,6 +163,11 @@ struct BudgetInput {
   // while no new connection joins, so that a stream of new connections is
   // still held to the rate.
   uint64_t start_pending_bytes = 0;
+  // How long a connection's part of `sent_bytes` may lag what really left,
+  // at most (kBudgetCountLagNs, or more while the watcher spaces its
+  // measurements out: cpu_budget.h). The balance does not act on what is
+  // within that much of the level for each connection.
+  int64_t count_lag_ns = 0;
 };
 
 // One decision. Pure; safe from any thread.

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "src/cpu_budget.h"
 #include "src/fd_table.h"
 #include "src/key.h"
 #include "src/log.h"
@@ -266,6 +267,9 @@ class Governor {
   };
   LocalKey* key_local_ = nullptr;  // zone key_capacity entries
   uint32_t tick_ = 0;
+  // Budget mode, watcher: its CPU allowance, which spaces the
+  // per-connection work out while the watcher spends more (cpu_budget.h).
+  CpuBudget cpu_;
   // Closed connections still draining: (conn << 32 | cookie), 0 if free.
   static constexpr int kDrainSlots = 1024;
   // A slot being filled in by KeepDraining; TickDrains leaves it alone.

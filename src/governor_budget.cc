@@ -37,17 +37,26 @@ constexpr uint64_t kMaxPacketBytes = 65536;
 // apart or more then, and every time constant of the controller is two
 // packet gaps or more: KeyPace), and well within kBudgetMaxGapNs.
 constexpr int64_t kMaxDecideGapNs = 500 * kNsPerMs;
+// The most the watcher's CPU stretch makes of it: a visit is rounded up to
+// kVisitRoundTicks and may come a little late, and a key not decided for
+// kBudgetMaxGapNs starts afresh.
+constexpr int64_t kMaxStretchedDecideGapNs = 1600 * kNsPerMs;
 // Connections visited this many ticks apart or more are visited in ticks
-// whose number is a multiple of it.
+// whose number is a multiple of it (of twice it while the watcher's work is
+// spaced out).
 constexpr uint32_t kVisitRoundTicks = 5;
+static_assert(kMaxStretchedDecideGapNs + 2 * kVisitRoundTicks * kBudgetTickNs <
+              kBudgetMaxGapNs);
 // A connection that is not sending here is looked at this many ticks
 // apart (half a second); its join makes it due at once.
 constexpr uint32_t kNotSendingVisitTicks = 25;
 // A watcher's visit re-applies a changed level at least this often.
 constexpr int64_t kMaxApplyGapNs = 4 * kNsPerSec;
 // NoteAndDecide's window for the largest packet of a key's connections
-// (a second: every sending connection is visited in it).
-constexpr uint32_t kPacketWindowTicks = kNsPerSec / kBudgetTickNs;
+// (two seconds: every sending connection is visited in it).
+constexpr uint32_t kPacketWindowTicks = 2 * kNsPerSec / kBudgetTickNs;
+static_assert(kMaxStretchedDecideGapNs + 5 * kBudgetTickNs <
+              kPacketWindowTicks * kBudgetTickNs);
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 // Kept drains' fds are duplicated to this fd number or above (or half the
@@ -68,22 +77,26 @@ uint32_t PacketOrTwoSegments(uint32_t packet_bytes) {
 
 // How long the tick may skip a connection sending `packet_bytes` packets
 // (0: not measured yet) at `pace`: a quarter of its packet gap, the interval
-// at which DecideKey decides such a key, and at most kMaxDecideGapNs. A new
-// level reaches the connection only at its next packet anyway; joins and
-// leaves reach it at once (ApplyChangedShares).
-int64_t VisitGapNs(uint32_t packet_bytes, uint64_t pace) {
+// at which DecideKey decides such a key, and at most kMaxDecideGapNs; all
+// of it times the watcher's CPU stretch, up to kMaxStretchedDecideGapNs. A
+// new level reaches the connection only at its next packet anyway; joins
+// and leaves reach it at once (ApplyChangedShares).
+int64_t VisitGapNs(uint32_t packet_bytes, uint64_t pace, const CpuBudget& cpu) {
   if (pace == 0) return 0;
   packet_bytes = PacketOrTwoSegments(packet_bytes);
-  return std::clamp<int64_t>(
-      static_cast<int64_t>(PacketGapNs(packet_bytes, pace) / 4), 0,
-      kMaxDecideGapNs);
+  const int64_t quarter =
+      static_cast<int64_t>(PacketGapNs(packet_bytes, pace) / 4);
+  return std::clamp<int64_t>(cpu.Stretch(std::min(quarter, kMaxDecideGapNs)), 0,
+                             kMaxStretchedDecideGapNs);
 }
 
-int64_t MeasureGapNs(uint64_t pacing_bytes_per_sec) {
+// About two segments at the pace, in [a tick, kMaxMeasureGapNs], times the
+// watcher's CPU stretch.
+int64_t MeasureGapNs(uint64_t pacing_bytes_per_sec, const CpuBudget& cpu) {
   if (pacing_bytes_per_sec == 0) return kBudgetTickNs;
   const uint64_t gap = kTwoSegmentsBytes * kNsPerSec / pacing_bytes_per_sec;
-  return std::clamp<int64_t>(static_cast<int64_t>(gap), kBudgetTickNs,
-                             kMaxMeasureGapNs);
+  return cpu.Stretch(std::clamp<int64_t>(static_cast<int64_t>(gap),
+                                         kBudgetTickNs, kMaxMeasureGapNs));
 }
 
 // Of `handed` bytes, how many have left the socket with `unsent` queued.
@@ -143,11 +156,20 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   tick_ = BudgetTickOf(now_ns);
   uint32_t next_due = tick_ + kMaxBudgetSleepNs / kBudgetTickNs;
   bool push = false;
+  uint32_t governed = 0;
+  // Not sending here (idle, or another process's): looked at again only
+  // now and then; a join (JoinSlow) makes it due at once.
+  const uint32_t not_sending_ticks =
+      static_cast<uint32_t>(cpu_.Stretch(kNotSendingVisitTicks));
+  // Fewer, fuller ticks while the work is spaced out.
+  const uint32_t round_ticks =
+      cpu_.stretch() >= 2 ? 2 * kVisitRoundTicks : kVisitRoundTicks;
   const int high_water = table_->high_water();
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
     if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
+    ++governed;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (visit != 0 && static_cast<int32_t>(tick_ - visit) < 0) {
       if (static_cast<int32_t>(visit - next_due) < 0) next_due = visit;
@@ -155,7 +177,7 @@ int64_t Governor::TickBudget(int64_t now_ns) {
     }
     LocalConn& local = local_[StateConn(state)];
     ConnSlotShm& conn = zone_->conn(StateConn(state));
-    uint32_t gap_ticks = kNotSendingVisitTicks;
+    uint32_t gap_ticks = not_sending_ticks;
     if (ConnValid(conn, state) && conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me) {
       MeasureConn(fd, entry, state, conn, now_ns);
@@ -171,23 +193,34 @@ int64_t Governor::TickBudget(int64_t now_ns) {
       if (!ExpireIfIdle(fd, entry, state, conn, now_ns, &push)) {
         gap_ticks = 1;
       } else if (conn.active.load(std::memory_order_relaxed)) {
-        gap_ticks = static_cast<uint32_t>(
-            std::max<int64_t>(1, VisitGapNs(packet, pace) / kBudgetTickNs));
+        gap_ticks = static_cast<uint32_t>(std::max<int64_t>(
+            1, VisitGapNs(packet, pace, cpu_) / kBudgetTickNs));
       }
     }
-    // Not sending here (idle, or another process's): looked at again only
-    // now and then; a join (JoinSlow) makes it due at once.
     uint32_t next = tick_ + gap_ticks;
-    if (gap_ticks >= kVisitRoundTicks) {
+    if (gap_ticks >= round_ticks) {
       // Slow connections are visited in common ticks, so that the watcher
       // sleeps in between.
-      next += kVisitRoundTicks - next % kVisitRoundTicks;
+      next += round_ticks - next % round_ticks;
     }
     if (next == 0) next = 1;
     entry.visit_tick.store(next, std::memory_order_relaxed);
     if (static_cast<int32_t>(next - next_due) < 0) next_due = next;
   }
   if (push) zone_->WakeWatchers();
+  if (cpu_.Due(now_ns)) {
+    cpu_.Update(now_ns, ThreadCpuNs(), governed);
+    if (me < zone_->proc_capacity()) {
+      ProcSlotShm& proc = zone_->proc(me);
+      proc.watcher_cpu.store(
+          static_cast<uint16_t>(std::min<int64_t>(
+              cpu_.used_ns_per_sec() / (kNsPerSec / 10000), UINT16_MAX)),
+          std::memory_order_relaxed);
+      proc.watcher_stretch.store(
+          static_cast<uint16_t>(cpu_.stretch() * 100 + 0.5),
+          std::memory_order_relaxed);
+    }
+  }
   if (TickDrains(now_ns)) next_due = tick_ + 1;
   // The start of tick next_due (tick numbers wrap; the difference does not).
   const int64_t ticks =
@@ -216,8 +249,8 @@ bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
   if (level > pace ? level - pace >= pace / 8 : pace - level >= pace / 4) {
     return true;
   }
-  const int64_t every = std::min<int64_t>(
-      static_cast<int64_t>(PacketGapNs(packet_bytes, pace)), kMaxApplyGapNs);
+  const int64_t every = cpu_.Stretch(std::min<int64_t>(
+      static_cast<int64_t>(PacketGapNs(packet_bytes, pace)), kMaxApplyGapNs));
   return now_ns - local.applied_ns.load(std::memory_order_relaxed) >= every;
 }
 
@@ -282,7 +315,7 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   } else {
     Account(*zone_, conn, left);
   }
-  const int64_t next = now_ns + MeasureGapNs(pace);
+  const int64_t next = now_ns + MeasureGapNs(pace, cpu_);
   local.next_measure_ns.store(next, std::memory_order_relaxed);
   if (unsent > 0) {
     // Bytes still to send: not idle before the next measurement, which
@@ -292,7 +325,8 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
     // `next` (TickBudget: up to VisitGapNs later).
     const int64_t idle_check =
         next +
-        VisitGapNs(local.packet_bytes.load(std::memory_order_relaxed), pace) +
+        VisitGapNs(local.packet_bytes.load(std::memory_order_relaxed), pace,
+                   cpu_) +
         kBudgetTickNs;
     if (local.next_idle_check_ns.load(std::memory_order_relaxed) < idle_check) {
       local.next_idle_check_ns.store(idle_check, std::memory_order_relaxed);
@@ -415,8 +449,10 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   int64_t every = kBudgetTickNs / 2;
   if (level > 0 && packet_bytes > 0) {
     every = std::clamp<int64_t>(
-        static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4),
-        kBudgetTickNs / 2, kMaxDecideGapNs);
+        cpu_.Stretch(std::min<int64_t>(
+            static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4),
+            kMaxDecideGapNs)),
+        kBudgetTickNs / 2, kMaxStretchedDecideGapNs);
   }
   if (last != 0 && now_ns - last < every) return;
   if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;
@@ -428,7 +464,8 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   const BudgetSettings settings = zone_->budget_settings();
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
-                      active, packet_bytes, UnderPaceOf(key), pending},
+                      active, packet_bytes, UnderPaceOf(key), pending,
+                      cpu_.Stretch(kBudgetCountLagNs)},
                      settings);
   // Joins may have added to it meanwhile: only what this tick forgave or
   // let lapse is taken off.

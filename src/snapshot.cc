@@ -94,8 +94,10 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   for (uint32_t i = 0; i < snap.proc_capacity; ++i) {
     const ProcSlotShm& p = zone.proc(i);
     if (p.state.load() != kProcLive) continue;
-    snap.processes.push_back(
-        ProcSnapshot{i, p.pid.load(), p.conns.load(), !Zone::ProcMaybeDead(p)});
+    ProcSnapshot row{i, p.pid.load(), p.conns.load(), !Zone::ProcMaybeDead(p)};
+    row.watcher_cpu_pct = p.watcher_cpu.load() / 100.0;
+    row.watcher_stretch = p.watcher_stretch.load() / 100.0;
+    snap.processes.push_back(row);
   }
   for (uint32_t i = 0; i < snap.conn_capacity; ++i) {
     const ConnSlotShm& c = zone.conn(i);

@@ -69,6 +69,11 @@ struct ProcSnapshot {
   int32_t pid = 0;
   uint32_t connections = 0;
   bool alive = true;  // false: dead, not yet reaped
+  // Budget mode: its watcher's CPU in the last second, in % of a core, and
+  // the stretch its per-connection work is spaced out by (1: none); both 0
+  // until published (equal mode, or the first second).
+  double watcher_cpu_pct = 0;
+  double watcher_stretch = 0;
 };
 
 struct ZoneSnapshot {

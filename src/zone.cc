@@ -587,6 +587,8 @@ uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns) {
     if (rc != 0) continue;
     p.pid.store(pid, std::memory_order_relaxed);
     p.conns.store(0, std::memory_order_relaxed);
+    p.watcher_cpu.store(0, std::memory_order_relaxed);
+    p.watcher_stretch.store(0, std::memory_order_relaxed);
     p.started_ns = now_ns;
     p.state.store(kProcLive, std::memory_order_release);
     if (header_->procs_high_water.load(std::memory_order_relaxed) <= i) {

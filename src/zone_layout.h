@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 4;
+inline constexpr uint32_t kZoneLayoutVersion = 5;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -104,7 +104,12 @@ struct ProcSlotShm {
   std::atomic<uint32_t> state;  // ProcState
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> conns;  // connections it owns
-  uint32_t reserved;
+  // Budget mode, published by its watcher about once a second: the CPU its
+  // thread used in the last second, in hundredths of a percent of a core,
+  // and the stretch its per-connection work is spaced out by, in
+  // hundredths (100: none; cpu_budget.h).
+  std::atomic<uint16_t> watcher_cpu;
+  std::atomic<uint16_t> watcher_stretch;
   int64_t started_ns;  // CLOCK_MONOTONIC
 };
 

@@ -151,8 +151,46 @@ TEST(FormatStatJsonTest, ExactFigures) {
                      "\"idle_seconds\": 0.000}"));
   EXPECT_THAT(out, HasSubstr("\"idle_seconds\": 12.000"));
   EXPECT_THAT(out, HasSubstr("{\"pid\": 102, \"connections\": 2, "
-                             "\"alive\": false}"));
+                             "\"alive\": false, \"watcher_cpu_pct\": 0.00, "
+                             "\"watcher_stretch\": 0.00}"));
   EXPECT_THAT(out, HasSubstr("\"peer\": \"127.0.0.2:4000\""));
+}
+
+// Budget mode: each process's watcher CPU and the stretch of its work.
+ZoneSnapshot BudgetSnapshot() {
+  ZoneSnapshot s = SampleSnapshot();
+  s.share_mode = ShareMode::kBudget;
+  s.processes[0].watcher_cpu_pct = 0.35;
+  s.processes[0].watcher_stretch = 4.5;
+  s.processes[1].watcher_cpu_pct = 0.1;
+  s.processes[1].watcher_stretch = 1;
+  return s;
+}
+
+TEST(FormatStatTest, WatcherCpuAndStretchInEveryFormat) {
+  const ZoneSnapshot s = BudgetSnapshot();
+  EXPECT_THAT(FormatStatTable(s, {}),
+              HasSubstr("watchers use 0.45% of a core; their per-connection "
+                        "work is spaced out up to 4.50x to stay within it\n"));
+  EXPECT_THAT(FormatStatJson(s, {}),
+              HasSubstr("{\"pid\": 101, \"connections\": 3, \"alive\": "
+                        "true, \"watcher_cpu_pct\": 0.35, "
+                        "\"watcher_stretch\": 4.50}"));
+  const std::string prom = FormatStatPrometheus(s, {});
+  EXPECT_THAT(prom, HasSubstr("trafficrate_watcher_cpu_percent{zone=\"web\","
+                              "pid=\"101\"} 0.350\n"));
+  EXPECT_THAT(prom, HasSubstr("trafficrate_watcher_stretch{zone=\"web\","
+                              "pid=\"102\"} 1\n"));
+  // Not spaced out: the table says only what the watchers use.
+  ZoneSnapshot calm = s;
+  calm.processes[0].watcher_stretch = 1;
+  const std::string table = FormatStatTable(calm, {});
+  EXPECT_THAT(table, HasSubstr("watchers use 0.45% of a core\n"));
+  // Equal mode has no watcher figures.
+  EXPECT_THAT(FormatStatTable(SampleSnapshot(), {}),
+              Not(HasSubstr("watchers use")));
+  EXPECT_THAT(FormatStatPrometheus(SampleSnapshot(), {}),
+              Not(HasSubstr("trafficrate_watcher_")));
 }
 
 TEST(FormatStatPrometheusTest, EveryLineIsACommentOrASample) {

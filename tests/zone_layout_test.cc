@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 4u);
+  EXPECT_EQ(kZoneLayoutVersion, 5u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -120,7 +120,8 @@ TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ProcSlotShm, state), 40u);
   EXPECT_EQ(offsetof(ProcSlotShm, pid), 44u);
   EXPECT_EQ(offsetof(ProcSlotShm, conns), 48u);
-  EXPECT_EQ(offsetof(ProcSlotShm, reserved), 52u);
+  EXPECT_EQ(offsetof(ProcSlotShm, watcher_cpu), 52u);
+  EXPECT_EQ(offsetof(ProcSlotShm, watcher_stretch), 54u);
   EXPECT_EQ(offsetof(ProcSlotShm, started_ns), 56u);
 }
 
@@ -233,6 +234,8 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, state);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, pid);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, conns);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, watcher_cpu);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, watcher_stretch);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, started_ns);
   return fp.value();
 }
@@ -250,6 +253,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {3, 0x969fd228117d097cULL},  // shared budget: key, conn, header fields
       {4, 0x4af1178a17ce20ccULL},  // connections under their pace: key
                                    // budget_aux, conn
+      {5, 0x7864305c3c913aceULL},  // process watcher_cpu, watcher_stretch
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;

@@ -132,6 +132,20 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
                         "full %u times, lock repairs %u\n",
                         s.procs_reaped, s.conns_reaped, s.table_full,
                         s.lock_repairs);
+  if (s.share_mode == ShareMode::kBudget) {
+    double cpu = 0, stretch = 0;
+    for (const ProcSnapshot& p : s.processes) {
+      cpu += p.watcher_cpu_pct;
+      stretch = std::max(stretch, p.watcher_stretch);
+    }
+    absl::StrAppendFormat(
+        &out, "watchers use %.2f%% of a core%s\n", cpu,
+        stretch > 1.005
+            ? absl::StrFormat("; their per-connection work is spaced "
+                              "out up to %.2fx to stay within it",
+                              stretch)
+            : std::string());
+  }
   const std::vector<KeySnapshot> keys = SelectKeys(s, options);
   if (keys.empty()) return out + "\nno clients\n";
   absl::StrAppendFormat(&out,
@@ -194,8 +208,11 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
   sep = "";
   for (const ProcSnapshot& p : s.processes) {
     absl::StrAppendFormat(
-        &out, "%s\n  {\"pid\": %d, \"connections\": %u, \"alive\": %s}", sep,
-        p.pid, p.connections, p.alive ? "true" : "false");
+        &out,
+        "%s\n  {\"pid\": %d, \"connections\": %u, \"alive\": %s, "
+        "\"watcher_cpu_pct\": %.2f, \"watcher_stretch\": %.2f}",
+        sep, p.pid, p.connections, p.alive ? "true" : "false",
+        p.watcher_cpu_pct, p.watcher_stretch);
     sep = ",";
   }
   absl::StrAppend(&out, "],\n \"connections\": [");
@@ -271,6 +288,23 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
                "Times the zone was repaired after a process died holding "
                "its lock."},
               static_cast<double>(s.lock_repairs));
+  const auto proc_metric = [&](const Metric& m, auto value_of) {
+    AppendHeader(&out, m);
+    for (const ProcSnapshot& p : s.processes) {
+      absl::StrAppendFormat(&out, "%s{zone=\"%s\",pid=\"%d\"} %s\n", m.name,
+                            zone, p.pid, PrometheusValue(value_of(p)));
+    }
+  };
+  if (s.share_mode == ShareMode::kBudget) {
+    proc_metric({"trafficrate_watcher_cpu_percent", "gauge",
+                 "CPU the process's watcher thread used in the last second, "
+                 "in % of a core (budget mode)."},
+                [](const ProcSnapshot& p) { return p.watcher_cpu_pct; });
+    proc_metric({"trafficrate_watcher_stretch", "gauge",
+                 "Factor by which the watcher spaces its per-connection work "
+                 "out to stay within its CPU allowance (1: not at all)."},
+                [](const ProcSnapshot& p) { return p.watcher_stretch; });
+  }
   const std::vector<KeySnapshot> keys = SelectKeys(s, options);
   const auto key_metric = [&](const Metric& m, auto value_of) {
     AppendHeader(&out, m);
