@@ -50,7 +50,10 @@ void CpuBudget::Update(int64_t now_ns, int64_t cpu_ns, uint32_t governed) {
   } else if (over < kRelaxBelow) {
     stretch_ *= std::max(kMaxFall, std::sqrt(over / kRelaxBelow));
   }
-  stretch_ = std::clamp(stretch_, 1.0, kMaxCpuStretch);
+  stretch_ =
+      std::clamp(stretch_, 1.0,
+                 std::clamp(static_cast<double>(governed) / kCpuStretchConns,
+                            1.0, kMaxCpuStretch));
 }
 
 int64_t ThreadCpuNs() {

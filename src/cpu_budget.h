@@ -28,8 +28,13 @@ namespace trafficrate {
 // (0.2% of a core), below which it never stretches.
 inline constexpr int64_t kCpuPerConnNsPerSec = 800;
 inline constexpr int64_t kCpuFloorNsPerSec = 2'000'000;
-// The most the per-connection work is spaced out.
+// The most the per-connection work is spaced out: 8, and 1 for every
+// kCpuStretchConns governed connections. With a few hundred connections
+// what the watcher spends is mostly its ticks' own cost (waking, deciding
+// keys, modelling drains), which spacing their work out would not lower,
+// only slow the controller down.
 inline constexpr double kMaxCpuStretch = 8;
+inline constexpr uint32_t kCpuStretchConns = 500;
 
 class CpuBudget {
  public:
@@ -37,8 +42,8 @@ class CpuBudget {
   // ignored) and how many connections it governs. Acts once per interval
   // of at least a second; the first call only starts one.
   void Update(int64_t now_ns, int64_t cpu_ns, uint32_t governed);
-  // The factor (>= 1, <= kMaxCpuStretch) by which per-connection gaps are
-  // spaced out.
+  // The factor (>= 1, <= kMaxCpuStretch and governed / kCpuStretchConns)
+  // by which per-connection gaps are spaced out.
   double stretch() const { return stretch_; }
   // gap_ns times the stretch.
   int64_t Stretch(int64_t gap_ns) const {

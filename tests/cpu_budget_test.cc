@@ -61,27 +61,43 @@ TEST(CpuBudgetTest, OverTheAllowanceTheWorkIsSpacedOutUntilWithin) {
 TEST(CpuBudgetTest, TheStretchIsBoundedAndComesBackWhenTheLoadGoes) {
   CpuBudget cpu;
   Model m{.fixed_ns = 5e6, .spaced_ns = 50e6};
-  cpu.Update(m.now_ns, m.cpu_ns, 1000);
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 1000);
+  cpu.Update(m.now_ns, m.cpu_ns, 5000);
+  for (int i = 0; i < 30; ++i) m.Second(cpu, 5000);
   EXPECT_EQ(cpu.stretch(), kMaxCpuStretch);  // the fixed part alone is over
   // Most connections closed: the cost falls, the stretch goes back to 1.
   m.fixed_ns = 0.2e6;
   m.spaced_ns = 1e6;
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 1000);
+  for (int i = 0; i < 30; ++i) m.Second(cpu, 5000);
   EXPECT_EQ(cpu.stretch(), 1);
+}
+
+TEST(CpuBudgetTest, AFewHundredConnectionsAreNeverSpacedOutMuch) {
+  // 40 connections whose watcher costs 5 ms/s, mostly its ticks' own:
+  // spacing them out would not help, so it does not.
+  CpuBudget cpu;
+  Model m{.fixed_ns = 4e6, .spaced_ns = 1e6};
+  cpu.Update(m.now_ns, m.cpu_ns, 40);
+  for (int i = 0; i < 30; ++i) m.Second(cpu, 40);
+  EXPECT_EQ(cpu.stretch(), 1);
+  // 1 000: at most 2.
+  for (int i = 0; i < 30; ++i) m.Second(cpu, 1000);
+  EXPECT_EQ(cpu.stretch(), 2);
+  // Fewer again: the bound comes down with them.
+  m.Second(cpu, 600);
+  EXPECT_DOUBLE_EQ(cpu.stretch(), 1.2);
 }
 
 TEST(CpuBudgetTest, ActsOncePerSecondAndIgnoresAnUnreadableClock) {
   CpuBudget cpu;
   EXPECT_TRUE(cpu.Due(kNsPerSec));
-  cpu.Update(kNsPerSec, 0, 10);
+  cpu.Update(kNsPerSec, 0, 5000);
   EXPECT_FALSE(cpu.Due(kNsPerSec + kNsPerSec / 2));
   // Half a second of a whole core: not yet looked at.
-  cpu.Update(kNsPerSec + kNsPerSec / 2, kNsPerSec / 2, 10);
+  cpu.Update(kNsPerSec + kNsPerSec / 2, kNsPerSec / 2, 5000);
   EXPECT_EQ(cpu.used_ns_per_sec(), 0);
-  cpu.Update(3 * kNsPerSec, -1, 10);
+  cpu.Update(3 * kNsPerSec, -1, 5000);
   EXPECT_EQ(cpu.stretch(), 1);
-  cpu.Update(3 * kNsPerSec, kNsPerSec, 10);
+  cpu.Update(3 * kNsPerSec, kNsPerSec, 5000);
   EXPECT_NEAR(cpu.used_ns_per_sec(), kNsPerSec / 2, 1);
   EXPECT_GT(cpu.stretch(), 1);
 }
