@@ -122,7 +122,11 @@ Zone::Zone(std::string name, void* base, size_t size)
     : name_(std::move(name)),
       base_(base),
       size_(size),
-      header_(static_cast<ZoneHeaderShm*>(base)) {
+      header_(static_cast<ZoneHeaderShm*>(base)),
+      key_capacity_(header_->key_capacity),
+      conn_capacity_(header_->conn_capacity),
+      proc_capacity_(header_->proc_capacity),
+      bucket_count_(header_->bucket_count) {
   auto* bytes = static_cast<uint8_t*>(base);
   buckets_ = reinterpret_cast<uint32_t*>(bytes + header_->buckets_offset);
   keys_ = reinterpret_cast<KeySlotShm*>(bytes + header_->keys_offset);
@@ -350,7 +354,7 @@ KeySpec Zone::key_spec() const { return UnpackKeySpec(header_->key_spec); }
 uint32_t Zone::BucketOf(const uint8_t* key_bytes) const {
   const SipKey seed{header_->hash_seed[0], header_->hash_seed[1]};
   return static_cast<uint32_t>(SipHash24(seed, key_bytes, kKeyBytes)) &
-         (header_->bucket_count - 1);
+         (bucket_count_ - 1);
 }
 
 uint32_t Zone::FindKeyLocked(const uint8_t* key_bytes) const {
@@ -714,7 +718,7 @@ void Zone::RepairLocked() {
     header_->conn_free_head = n;
   }
   // Chains and the key free list, rebuilt from the keys still referenced.
-  for (uint32_t b = 0; b < header_->bucket_count; ++b) buckets_[b] = kNoSlot;
+  for (uint32_t b = 0; b < bucket_count_; ++b) buckets_[b] = kNoSlot;
   header_->key_free_head = kNoSlot;
   header_->keys_used = 0;
   for (uint32_t n = key_capacity(); n-- > 0;) {

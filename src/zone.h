@@ -83,9 +83,12 @@ class Zone {
 
   ZoneHeaderShm& header() const { return *header_; }
   const std::string& name() const { return name_; }
-  uint32_t key_capacity() const { return header_->key_capacity; }
-  uint32_t conn_capacity() const { return header_->conn_capacity; }
-  uint32_t proc_capacity() const { return header_->proc_capacity; }
+  // The geometry, as validated when the zone was mapped: a copy private to
+  // the process, so that nothing written into the zone afterwards (a bug,
+  // a stray write, an attack) can move an index out of the mapping.
+  uint32_t key_capacity() const { return key_capacity_; }
+  uint32_t conn_capacity() const { return conn_capacity_; }
+  uint32_t proc_capacity() const { return proc_capacity_; }
   // The TRAFFICRATE_KEY the zone's keys were built with.
   KeySpec key_spec() const;
 
@@ -178,6 +181,11 @@ class Zone {
   void* base_;
   size_t size_;
   ZoneHeaderShm* header_;
+  // Copied from the header once it was validated (Map); never reread.
+  uint32_t key_capacity_;
+  uint32_t conn_capacity_;
+  uint32_t proc_capacity_;
+  uint32_t bucket_count_;  // a power of two
   uint32_t* buckets_;
   KeySlotShm* keys_;
   ConnSlotShm* conns_;

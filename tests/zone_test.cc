@@ -150,6 +150,51 @@ TEST_F(ZoneTest, SecondOpenerAttachesAndSeesTheFirstsData) {
   EXPECT_EQ(first->FindKeyLocked(MakeKey(42).bytes), kNoSlot);
 }
 
+// The crash of issue 8: three header fields set to large values in a live
+// zone. Each process keeps the geometry it validated at attach, so the
+// stray values move no index out of the mapping (the sanitizer builds
+// would see it) and the tables go on working.
+TEST_F(ZoneTest, GeometryOverwrittenInALiveZoneIsNotUsed) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  const uint32_t keys = zone->key_capacity();
+  const uint32_t conns = zone->conn_capacity();
+  const uint32_t procs = zone->proc_capacity();
+  ZoneHeaderShm& h = zone->header();
+  const uint32_t buckets = h.bucket_count;
+  h.key_capacity = 0xfffffff0u;
+  h.conn_capacity = 0xfffffff0u;
+  h.proc_capacity = 0xfffffff0u;
+  h.bucket_count = 0x80000000u;
+  h.keys_offset = ~0ull;
+  h.conns_offset = ~0ull;
+  EXPECT_EQ(zone->key_capacity(), keys);
+  EXPECT_EQ(zone->conn_capacity(), conns);
+  EXPECT_EQ(zone->proc_capacity(), procs);
+  std::set<uint32_t> seen;
+  for (uint32_t n = 0; n < 64; ++n) {
+    const uint32_t bucket = zone->BucketOf(MakeKey(n).bytes);
+    seen.insert(bucket);
+    EXPECT_LT(bucket, buckets);
+  }
+  EXPECT_GT(seen.size(), 1u);  // still a hash, not a constant
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  const uint32_t conn = RegisterLocked(*zone, 7, 0);
+  ASSERT_NE(conn, kNoSlot);
+  EXPECT_LT(conn, conns);
+  EXPECT_TRUE(zone->JoinLocked(conn));
+  const uint32_t k = zone->FindKeyLocked(MakeKey(7).bytes);
+  ASSERT_LT(k, keys);
+  EXPECT_EQ(zone->key(k).active.load(), 1u);
+  EXPECT_TRUE(zone->DeregisterConnLocked(conn));
+  EXPECT_EQ(zone->FindKeyLocked(MakeKey(7).bytes), kNoSlot);
+  // Out-of-range indices written into the tables are refused, not followed.
+  h.conn_free_head = 0xfffffff0u;
+  h.key_free_head = 0xfffffff0u;
+  EXPECT_EQ(RegisterLocked(*zone, 8, 0), kNoSlot);
+}
+
 TEST_F(ZoneTest, AttachSeesAnExistingZoneOfAnySize) {
   std::unique_ptr<Zone> created = Open(2 * kOneMiB);
   ASSERT_NE(created, nullptr);
