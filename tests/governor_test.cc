@@ -356,6 +356,24 @@ TEST_F(GovernorTest, BudgetTickWithNothingDueSleepsUpToATenthOfASecond) {
   EXPECT_LE(next, now + Governor::kMaxBudgetSleepNs);
 }
 
+TEST_F(GovernorTest, BudgetWatcherPublishesItsCpuAndStretch) {
+  StartGovernor();
+  zone_->SetShare(ShareMode::kBudget, 0);
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  ASSERT_EQ(Send(c.server, 100), 100);
+  const uint32_t proc = gov_->proc_index();
+  ASSERT_LT(proc, zone_->proc_capacity());
+  // Published from its first tick (stretch 1, no CPU measured yet), then
+  // once a second: one connection costs it far less than 1% of a core, and
+  // so nothing is spaced out.
+  EXPECT_TRUE(
+      PollUntil([&] { return zone_->proc(proc).watcher_stretch.load() != 0; }));
+  SleepNs(1'200 * kNsPerMs);
+  EXPECT_EQ(zone_->proc(proc).watcher_stretch.load(), 100u);
+  EXPECT_LT(zone_->proc(proc).watcher_cpu.load(), 100u);
+}
+
 TEST_F(GovernorTest, DuplicatedFdCountsOnceUntilBothAreClosed) {
   StartGovernor();
   const Conn c = Open();
