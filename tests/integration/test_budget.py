@@ -687,7 +687,8 @@ def test_stat_shows_measured_level_and_debt_in_every_format(servers, lib_env, zo
     """4 downloads: stat --json's key has measured, level and debt (numbers;
     level within (0, rate], debt >= 0, measured > 0); the table has MEASURED,
     LEVEL and DEBT columns; Prometheus has the key's measured, level and debt
-    metrics."""
+    metrics. Each worker's watcher shows its CPU (under 1% of a core for 4
+    connections) and stretch (1: nothing spaced out) in every format."""
     server, _ = nginx2(servers, share_env(lib_env, "budget"))
     dset = harness.DownloadSet(server.port, [CLIENT] * 4, duration=12.0).start()
     try:
@@ -720,6 +721,24 @@ def test_stat_shows_measured_level_and_debt_in_every_format(servers, lib_env, zo
                  "trafficrate_key_level_bytes_per_second", "trafficrate_key_debt_bytes"):
         assert (name, CLIENT) in samples, (name, report)
     assert samples[("trafficrate_key_debt_bytes", CLIENT)] >= 0, report
+    # The watchers of the workers that serve the downloads (nginx may give
+    # all 4 to one): in JSON and Prometheus, and a line in the table.
+    procs = [p for p in doc["processes"] if p["connections"] > 0]
+    assert procs, report
+    for p in procs:
+        assert p["watcher_stretch"] == 1.0, report
+        assert 0 <= p["watcher_cpu_pct"] < 1.0, report
+    watchers = {}
+    for family in text_string_to_metric_families(prom.stdout):
+        for sample in family.samples:
+            if sample.name in ("trafficrate_watcher_cpu_percent",
+                               "trafficrate_watcher_stretch"):
+                watchers[(sample.name, int(sample.labels["pid"]))] = sample.value
+    for p in procs:
+        assert watchers.get(("trafficrate_watcher_stretch", p["pid"])) == 1.0, report
+        assert ("trafficrate_watcher_cpu_percent", p["pid"]) in watchers, report
+    assert any(l.startswith("watchers use ") and "% of a core" in l
+               for l in table.stdout.splitlines()), report
 
 
 # ------------------------------------------ 8. a leave, 1 s windows (last)
