@@ -97,14 +97,16 @@ KeyPace PaceOf(const BudgetState& s, const BudgetSettings& settings,
           : kUnknownPacketBytes;
   KeyPace pace;
   pace.gap_ns = PacketGapNs(packet, std::max(level, 1.0));
-  const double per_conn = std::min(packet, level * count_lag_ns / kNsPerSecF);
+  // The count lags by kBudgetCountLagNs at the least.
+  const double lag = std::max<double>(kBudgetCountLagNs, count_lag_ns);
+  const double per_conn = std::min(packet, level * lag / kNsPerSecF);
   pace.band_bytes =
       std::max(static_cast<double>(settings.burst_bytes) / 2, per_conn * n);
   pace.horizon_ns = std::max<double>(kBudgetHorizonNs, 2 * pace.gap_ns);
   // A count that lags more (measurements spaced out) is noisier: the
   // integral follows it more slowly in proportion.
-  pace.integral_ns = std::max(kIntegralTauNs, 2 * pace.gap_ns) *
-                     std::max(1.0, count_lag_ns / kBudgetCountLagNs);
+  pace.integral_ns =
+      std::max(kIntegralTauNs, 2 * pace.gap_ns) * (lag / kBudgetCountLagNs);
   const double reach = Clamp(kFullReachGapNs / pace.gap_ns, kMinReach, 1);
   pace.min_boost = 1 - (1 - kMinBoost) * reach;
   pace.balance_effect = kMaxBalanceEffect * reach;
@@ -182,9 +184,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   // The pace depends on the level in force, the packet size and the
   // connections, none of which this tick changes before it decides.
   const KeyPace pace =
-      PaceOf(next, settings, n,
-             std::max<double>(kBudgetCountLagNs,
-                              static_cast<double>(input.count_lag_ns)));
+      PaceOf(next, settings, n, static_cast<double>(input.count_lag_ns));
   // The token bucket: at most `burst` banked, at most kBudgetMaxDebtNs owed.
   double balance =
       static_cast<double>(state.balance_bytes) + rate * dt / kNsPerSecF - bytes;

@@ -55,7 +55,7 @@ constexpr int64_t kMaxApplyGapNs = 4 * kNsPerSec;
 // NoteAndDecide's window for the largest packet of a key's connections
 // (two seconds: every sending connection is visited in it).
 constexpr uint32_t kPacketWindowTicks = 2 * kNsPerSec / kBudgetTickNs;
-static_assert(kMaxStretchedDecideGapNs + 5 * kBudgetTickNs <
+static_assert(kMaxStretchedDecideGapNs + 2 * kVisitRoundTicks * kBudgetTickNs <
               kPacketWindowTicks * kBudgetTickNs);
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
@@ -75,6 +75,13 @@ uint32_t PacketOrTwoSegments(uint32_t packet_bytes) {
                            : static_cast<uint32_t>(kTwoSegmentsBytes);
 }
 
+// A decision or visit interval: gap_ns up to kMaxDecideGapNs, times the
+// watcher's CPU stretch, up to kMaxStretchedDecideGapNs.
+int64_t StretchedDecideGapNs(int64_t gap_ns, const CpuBudget& cpu) {
+  return std::min(cpu.Stretch(std::min(gap_ns, kMaxDecideGapNs)),
+                  kMaxStretchedDecideGapNs);
+}
+
 // How long the tick may skip a connection sending `packet_bytes` packets
 // (0: not measured yet) at `pace`: a quarter of its packet gap, the interval
 // at which DecideKey decides such a key, and at most kMaxDecideGapNs; all
@@ -84,10 +91,9 @@ uint32_t PacketOrTwoSegments(uint32_t packet_bytes) {
 int64_t VisitGapNs(uint32_t packet_bytes, uint64_t pace, const CpuBudget& cpu) {
   if (pace == 0) return 0;
   packet_bytes = PacketOrTwoSegments(packet_bytes);
-  const int64_t quarter =
-      static_cast<int64_t>(PacketGapNs(packet_bytes, pace) / 4);
-  return std::clamp<int64_t>(cpu.Stretch(std::min(quarter, kMaxDecideGapNs)), 0,
-                             kMaxStretchedDecideGapNs);
+  return std::max<int64_t>(
+      0, StretchedDecideGapNs(
+             static_cast<int64_t>(PacketGapNs(packet_bytes, pace) / 4), cpu));
 }
 
 // About two segments at the pace, in [a tick, kMaxMeasureGapNs], times the
@@ -448,11 +454,10 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
       key.level_bytes_per_sec.load(std::memory_order_relaxed);
   int64_t every = kBudgetTickNs / 2;
   if (level > 0 && packet_bytes > 0) {
-    every = std::clamp<int64_t>(
-        cpu_.Stretch(std::min<int64_t>(
-            static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4),
-            kMaxDecideGapNs)),
-        kBudgetTickNs / 2, kMaxStretchedDecideGapNs);
+    every = std::max<int64_t>(
+        kBudgetTickNs / 2,
+        StretchedDecideGapNs(
+            static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4), cpu_));
   }
   if (last != 0 && now_ns - last < every) return;
   if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;

@@ -19,14 +19,18 @@ struct Model {
     cpu_ns += static_cast<int64_t>(fixed_ns + spaced_ns / cpu.stretch());
     cpu.Update(now_ns, cpu_ns, governed);
   }
+  // The first look, then `seconds` of them.
+  void Run(CpuBudget& cpu, uint32_t governed, int seconds) {
+    cpu.Update(now_ns, cpu_ns, governed);
+    for (int i = 0; i < seconds; ++i) Second(cpu, governed);
+  }
 };
 
 TEST(CpuBudgetTest, WithinTheAllowanceNothingIsSpacedOut) {
   CpuBudget cpu;
   // 10 000 connections may take 8 ms per second.
   Model m{.fixed_ns = 1e6, .spaced_ns = 6e6};
-  cpu.Update(m.now_ns, m.cpu_ns, 10000);
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 10000);
+  m.Run(cpu, 10000, 30);
   EXPECT_EQ(cpu.stretch(), 1);
   EXPECT_NEAR(cpu.used_ns_per_sec(), 7e6, 1e3);
 }
@@ -35,8 +39,7 @@ TEST(CpuBudgetTest, AFewConnectionsMayUseTheFloor) {
   CpuBudget cpu;
   // 100 connections at 15 us each: 1.5 ms/s, under the 2 ms floor.
   Model m{.spaced_ns = 1.5e6};
-  cpu.Update(m.now_ns, m.cpu_ns, 100);
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 100);
+  m.Run(cpu, 100, 30);
   EXPECT_EQ(cpu.stretch(), 1);
 }
 
@@ -61,8 +64,7 @@ TEST(CpuBudgetTest, OverTheAllowanceTheWorkIsSpacedOutUntilWithin) {
 TEST(CpuBudgetTest, TheStretchIsBoundedAndComesBackWhenTheLoadGoes) {
   CpuBudget cpu;
   Model m{.fixed_ns = 5e6, .spaced_ns = 50e6};
-  cpu.Update(m.now_ns, m.cpu_ns, 5000);
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 5000);
+  m.Run(cpu, 5000, 30);
   EXPECT_EQ(cpu.stretch(), kMaxCpuStretch);  // the fixed part alone is over
   // Most connections closed: the cost falls, the stretch goes back to 1.
   m.fixed_ns = 0.2e6;
@@ -76,8 +78,7 @@ TEST(CpuBudgetTest, AFewHundredConnectionsAreNeverSpacedOutMuch) {
   // spacing them out would not help, so it does not.
   CpuBudget cpu;
   Model m{.fixed_ns = 4e6, .spaced_ns = 1e6};
-  cpu.Update(m.now_ns, m.cpu_ns, 40);
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 40);
+  m.Run(cpu, 40, 30);
   EXPECT_EQ(cpu.stretch(), 1);
   // 1 000: at most 2.
   for (int i = 0; i < 30; ++i) m.Second(cpu, 1000);
