@@ -92,10 +92,17 @@ void Initialize() {
   if (!config.ok()) return Fail(g_logger, config.status(), strict);
   if (!config->enabled) return;
   ConfigureLog(*config);
+  bool replaced = false;
   absl::StatusOr<std::unique_ptr<Zone>> zone =
       Zone::OpenOrCreate(config->zone_name, config->zone_size_bytes,
-                         config->rate_bytes_per_sec, config->key);
+                         config->rate_bytes_per_sec, config->key, &replaced);
   if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
+  if (replaced) {
+    g_logger.Logf(
+        "zone %s was corrupt; replaced by a fresh one (servers still using "
+        "the old one pass through unpaced until they restart)",
+        config->zone_name.c_str());
+  }
   (*zone)->SetShare(config->share, config->burst_bytes);
   FdTable* table = FdTable::Create(FdTableCapacity());
   if (table == nullptr) {

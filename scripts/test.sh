@@ -36,7 +36,7 @@ if ((!quick)); then
   trafficrate_build build-tsan -DTRAFFICRATE_SANITIZE=thread
   TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -j2 \
-    -R '^(ZoneTest|ZoneLayoutTest|FdTableTest|GovernorTest|SnapshotTest)\.'
+    -R '^(ZoneTest|ZoneLayoutTest|ZoneLockTest|FdTableTest|GovernorTest|GovernorLockTest|SnapshotTest)\.'
 fi
 
 echo "== integration tests (private network namespace, lo mtu 1500)"

@@ -58,6 +58,10 @@ inline uint32_t KeptDrainSlot(uint64_t state) {
   return static_cast<uint32_t>(state >> 32) & 0x3fffffffu;
 }
 
+// An fd whose connection could not be registered when it was accepted (the
+// zone lock was held too long, or the watcher had not started): its next
+// send tries again. Like a kept drain's, a connection index no zone has.
+inline constexpr uint64_t kRegisterPending = (1ULL << 61) | 0xffffffffu;
 inline uint64_t PackState(uint32_t conn_index, uint32_t cookie) {
   return kTracked | (uint64_t{cookie & 0x7fffffffu} << 32) | conn_index;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "src/clock.h"
@@ -16,6 +17,10 @@
 
 namespace trafficrate {
 namespace {
+
+// CheckZone: a lock still held after this many once-a-second checks, by a
+// thread that does not exist, marks the zone corrupt.
+constexpr int kStalledChecksForCorrupt = 3;
 
 // The client's address as 16 bytes (IPv4 as v4-mapped) and its port.
 void PeerBytes(const sockaddr* peer, uint8_t out[16], uint16_t* port) {
@@ -200,14 +205,24 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
 
 void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
                         const uint8_t peer16[16], uint16_t peer_port) {
+  if (zone_->corrupt()) return;
   const uint32_t proc = EnsureProc();
-  if (proc == kNoSlot) return;
+  if (proc == kNoSlot) {
+    // The watcher is still starting (it waits for the zone lock): the
+    // connection's next send tries again. If it failed for good, the
+    // process passes through.
+    if (watcher_.starting()) MarkPending(fd, entry);
+    return;
+  }
   const int64_t now = MonotonicNowNs();
   uint32_t conn = kNoSlot;
   uint32_t cookie = 0;
   {
     ZoneLock lock(*zone_);
-    if (!lock.ok()) return;
+    if (!lock.ok()) {
+      MarkPending(fd, entry);
+      return;
+    }
     const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
     if (k != kNoSlot) {
       conn = zone_->RegisterConnLocked(k, proc, fd, peer16, peer_port);
@@ -247,11 +262,42 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   table_->NoteTracked(fd);
 }
 
+void Governor::MarkPending(int fd, FdEntry& entry) {
+  if (!zone_->corrupt()) {
+    entry.state.store(kRegisterPending, std::memory_order_release);
+    table_->NoteTracked(fd);
+  }
+}
+
+void Governor::RetryRegister(int fd, FdEntry& entry) {
+  // While the lock is still held, or the watcher still starts, no system
+  // call: the send goes out unpaced, as it would without the library.
+  if (zone_->lock_stalled() || zone_->corrupt() || watcher_.starting()) return;
+  uint64_t pending = kRegisterPending;
+  if (!entry.state.compare_exchange_strong(pending, 0,
+                                           std::memory_order_acq_rel)) {
+    return;  // another thread of this process is at it
+  }
+  ConnKey key;
+  uint8_t peer16[16];
+  uint16_t peer_port = 0;
+  if (!Classify(fd, options_, nullptr, 0, &key, peer16, &peer_port)) return;
+  Register(fd, entry, key, peer16, peer_port);
+  const uint64_t state = entry.state.load(std::memory_order_acquire);
+  if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
+    JoinSlow(fd, entry, state);
+  }
+}
+
 void Governor::BeforeSend(int fd) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr) return;
   const uint64_t state = entry->state.load(std::memory_order_acquire);
-  if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+  if (state == 0) return;
+  if (StateConn(state) >= zone_->conn_capacity()) {
+    if (state == kRegisterPending) RetryRegister(fd, *entry);
+    return;
+  }
   local_[StateConn(state)].last_send_ns.store(MonotonicNowNs(),
                                               std::memory_order_relaxed);
   const ConnSlotShm& conn = zone_->conn(StateConn(state));
@@ -421,13 +467,59 @@ void Governor::Release(uint64_t state) {
   bool push = false;
   {
     ZoneLock lock(*zone_);
-    if (!lock.ok() || !ConnValid(conn, state) ||
+    if (!lock.ok()) {
+      DeferRelease(state);
+      return;
+    }
+    if (!ConnValid(conn, state) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
       return;
     }
-    const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-    push = zone_->DeregisterConnLocked(index) &&
-           zone_->key(key).active.load(std::memory_order_relaxed) > 0;
+    push = DeregisterLocked(index);
+  }
+  if (push) zone_->WakeWatchers();
+}
+
+bool Governor::DeregisterLocked(uint32_t index) {
+  const uint32_t key =
+      zone_->conn(index).key_index.load(std::memory_order_relaxed);
+  return zone_->DeregisterConnLocked(index) && key < zone_->key_capacity() &&
+         zone_->key(key).active.load(std::memory_order_relaxed) > 0;
+}
+
+void Governor::DeferRelease(uint64_t state) {
+  if (zone_->corrupt()) return;
+  for (std::atomic<uint64_t>& slot : deferred_) {
+    uint64_t empty = 0;
+    if (slot.compare_exchange_strong(empty, state, std::memory_order_acq_rel)) {
+      deferred_count_.fetch_add(1, std::memory_order_release);
+      return;
+    }
+  }
+  // Full: the registration stays until this process exits (then it is
+  // reaped). Counted, and said by the watcher.
+  deferred_lost_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Governor::FinishDeferredReleases() {
+  if (deferred_count_.load(std::memory_order_acquire) == 0) return;
+  bool push = false;
+  {
+    ZoneLock lock(*zone_, kWatcherLockWaitNs);
+    if (!lock.ok()) return;  // next loop
+    const uint32_t me = watcher_.proc_index();
+    for (std::atomic<uint64_t>& slot : deferred_) {
+      const uint64_t state = slot.exchange(0, std::memory_order_acq_rel);
+      if (state == 0) continue;
+      deferred_count_.fetch_sub(1, std::memory_order_relaxed);
+      const uint32_t index = StateConn(state);
+      if (index >= zone_->conn_capacity()) continue;
+      const ConnSlotShm& conn = zone_->conn(index);
+      if (ConnValid(conn, state) &&
+          conn.proc_index.load(std::memory_order_relaxed) == me) {
+        push |= DeregisterLocked(index);
+      }
+    }
   }
   if (push) zone_->WakeWatchers();
 }
@@ -507,7 +599,9 @@ void Governor::OnDup(int oldfd, int newfd) {
     }
   }
   const uint64_t state = from->state.load(std::memory_order_acquire);
-  if (state == 0 || IsKeptDrain(state)) return;
+  // A pending registration stays with the fd it was accepted on: two
+  // retries would count the connection twice.
+  if (state == 0 || IsKeptDrain(state) || state == kRegisterPending) return;
   if (to->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*to));
   }
@@ -536,6 +630,13 @@ void Governor::AfterForkChild() {
     drains_[slot].store(0, std::memory_order_relaxed);
   }
   kept_drains_.store(0, std::memory_order_relaxed);
+  // The parent's deferred releases are the parent's (its watcher drains
+  // them); a corrupt zone is passed through from the start.
+  for (std::atomic<uint64_t>& slot : deferred_) {
+    slot.store(0, std::memory_order_relaxed);
+  }
+  deferred_count_.store(0, std::memory_order_relaxed);
+  zone_->CheckHeader();
 }
 
 uint32_t Governor::EnsureProc() { return watcher_.EnsureStarted(); }
@@ -664,6 +765,89 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
         zone_->LeaveLocked(StateConn(state)) && SiblingsSendingLocked(conn);
   }
   return true;
+}
+
+bool Governor::CheckZone(int64_t now_ns) {
+  if (zone_->corrupt()) return PassThroughCorrupt();
+  if (zone_->lock_stalled() && !zone_->RecheckLock()) {
+    if (now_ns < next_zone_check_ns_) return true;
+  } else {
+    stalled_checks_ = 0;
+    FinishDeferredReleases();
+    if (now_ns < next_zone_check_ns_) return true;
+  }
+  next_zone_check_ns_ = now_ns + kNsPerSec;
+  if (!zone_->CheckHeader()) return PassThroughCorrupt();
+  const int32_t holder = zone_->LockHolder();
+  if (zone_->lock_stalled() && ++stalled_checks_ >= kStalledChecksForCorrupt) {
+    // Held for seconds by a thread that does not exist: nothing will ever
+    // free it (a write into the zone forged the lock word).
+    char path[32];
+    std::snprintf(path, sizeof(path), "/proc/%d", holder);
+    if (holder == 0 || access(path, F_OK) != 0) {
+      zone_->MarkCorrupt("its lock is held by a thread that does not exist");
+      return PassThroughCorrupt();
+    }
+  }
+  const uint64_t timeouts = zone_->lock_timeouts();
+  if (timeouts != lock_timeouts_said_ &&
+      Logger::Allow(last_lock_log_ns_, now_ns)) {
+    logger_->Logf(
+        "zone %s: the zone lock %s (held by thread %d); %llu call(s) of "
+        "process %d went on without it, their connections unpaced until "
+        "the watcher retries",
+        zone_->name().c_str(),
+        zone_->lock_stalled() ? "is held for too long" : "was held too long",
+        holder, static_cast<unsigned long long>(timeouts - lock_timeouts_said_),
+        pid_);
+    lock_timeouts_said_ = timeouts;
+  }
+  const uint64_t lost = deferred_lost_.load(std::memory_order_relaxed);
+  if (lost != deferred_lost_said_) {
+    logger_->Logf(
+        "zone %s: %llu closed connection(s) of process %d stay counted "
+        "until it exits (too many closes while the zone lock was held)",
+        zone_->name().c_str(),
+        static_cast<unsigned long long>(lost - deferred_lost_said_), pid_);
+    deferred_lost_said_ = lost;
+  }
+  return true;
+}
+
+bool Governor::PassThroughCorrupt() {
+  PassThroughAll();
+  const char* why = zone_->corrupt_why();
+  logger_->Logf(
+      "zone %s is corrupt (%s); process %d passes every connection through "
+      "unpaced from now on; the next server started replaces the zone",
+      zone_->name().c_str(), why != nullptr ? why : "unknown", pid_);
+  return false;
+}
+
+void Governor::PassThroughAll() {
+  const int high_water = table_->high_water();
+  for (int fd = 0; fd < high_water; ++fd) {
+    FdEntry& entry = *table_->Get(fd);
+    const uint64_t state = entry.state.load(std::memory_order_acquire);
+    if (state == 0 || IsKeptDrain(state)) continue;
+    // Pinned, so that the host cannot close the fd meanwhile (a close
+    // clears the state first, then waits for the pin).
+    if (!FdTable::TryPin(entry, state, /*wait=*/true)) continue;
+    if (state != kRegisterPending) {
+      setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
+                 sizeof(kUnpaced));
+    }
+    uint64_t expected = state;
+    entry.state.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+    FdTable::Unpin(entry);
+  }
+  for (int slot = 0; slot < kDrainSlots; ++slot) {
+    const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
+    if (kept < 0) continue;
+    setsockopt(kept, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
+               sizeof(kUnpaced));
+    CloseKept(static_cast<uint32_t>(slot));
+  }
 }
 
 void Governor::ReapDead() {

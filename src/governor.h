@@ -42,6 +42,9 @@ namespace trafficrate {
 
 // The watcher's timing (idle_ns: TRAFFICRATE_IDLE, coalesce_ns,
 // reap_interval_ns) is part of the Governor's options.
+// SO_MAX_PACING_RATE of a socket the kernel does not pace.
+inline constexpr uint64_t kUnpaced = ~uint64_t{0};
+
 struct GovernorOptions : WatcherTiming {
   KeySpec key;
   // TRAFFICRATE_PORTS and TRAFFICRATE_EXEMPT, decided once per connection at
@@ -109,6 +112,12 @@ class Governor {
   // socket since their last send.
   void ExpireIdle(int64_t now_ns);
   void ReapDead();
+  // Once per watcher loop: looks again at a stalled zone lock, finishes the
+  // releases deferred because of it, and once a second checks the zone's
+  // header and says what happened with the lock. False once the zone is
+  // corrupt: the process then passes everything through (PassThroughAll),
+  // and the watcher has nothing more to do.
+  bool CheckZone(int64_t now_ns);
   // The longest a budget-mode watcher sleeps between ticks.
   static constexpr int64_t kMaxBudgetSleepNs = 100'000'000;
   // Budget mode (budget.h): whether the zone runs the shared budget, and
@@ -138,6 +147,22 @@ class Governor {
  private:
   void Register(int fd, FdEntry& entry, const ConnKey& key,
                 const uint8_t peer16[16], uint16_t peer_port);
+  // A registration that could not be made (zone lock stalled, watcher not
+  // started yet): the fd's next send retries it (RetryRegister).
+  void MarkPending(int fd, FdEntry& entry);
+  void RetryRegister(int fd, FdEntry& entry);
+  // Deregisters a connection of this process; true if its key still has
+  // senders to push to.
+  bool DeregisterLocked(uint32_t index);
+  // A close whose deregistration found the zone lock held: the watcher
+  // finishes it (FinishDeferredReleases) once it gets the lock.
+  void DeferRelease(uint64_t state);
+  void FinishDeferredReleases();
+  // The zone was found corrupt: every socket of this process goes back to
+  // unpaced, and nothing touches the zone any more.
+  void PassThroughAll();
+  // PassThroughAll, said once; returns false (for CheckZone).
+  bool PassThroughCorrupt();
   void JoinSlow(int fd, FdEntry& entry, uint64_t state);
   // TRAFFICRATE_AFTER: whether the connection's first after_bytes have left
   // the socket (sent, not merely queued). One ioctl once they are queued.
@@ -290,6 +315,17 @@ class Governor {
   std::atomic<bool> epolls_unknown_{false};
   Watcher watcher_;
   int32_t pid_;
+  // Releases deferred because the zone lock was held (DeferRelease).
+  static constexpr int kDeferredSlots = 1024;
+  std::atomic<uint64_t> deferred_[kDeferredSlots] = {};
+  std::atomic<int> deferred_count_{0};
+  std::atomic<uint64_t> deferred_lost_{0};
+  // The watcher's once-a-second look at the zone (CheckZone).
+  int64_t next_zone_check_ns_ = 0;
+  uint64_t lock_timeouts_said_ = 0;
+  uint64_t deferred_lost_said_ = 0;
+  int stalled_checks_ = 0;
+  mutable std::atomic<int64_t> last_lock_log_ns_{0};
   mutable std::atomic<int64_t> last_full_log_ns_{0};
   mutable std::atomic<int64_t> last_fd_log_ns_{0};
 };

@@ -147,6 +147,13 @@ uint64_t Governor::ShareFor(const KeySlotShm& key) const {
   const uint64_t rate =
       zone_->header().rate_bytes_per_sec.load(std::memory_order_relaxed);
   const uint32_t active = key.active.load(std::memory_order_acquire);
+  if (rate == 0 || active > zone_->conn_capacity()) {
+    // Figures no process writes: a share from them could pace the key's
+    // connections down to nothing. The zone is corrupt; unpaced meanwhile.
+    zone_->MarkCorrupt(rate == 0 ? "its rate is 0"
+                                 : "a key counts more connections than fit");
+    return kUnpaced;
+  }
   if (zone_->share_mode() == ShareMode::kEqual) {
     return ShareBytesPerSec(rate, active);
   }
@@ -746,10 +753,7 @@ bool Governor::TickDrains(int64_t now_ns) {
       if (!lock.ok()) continue;  // try again next tick
       if (ConnValid(conn, state) &&
           conn.proc_index.load(std::memory_order_relaxed) == me) {
-        const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-        push = zone_->DeregisterConnLocked(index) &&
-               key < zone_->key_capacity() &&
-               zone_->key(key).active.load(std::memory_order_relaxed) > 0;
+        push = DeregisterLocked(index);
       }
     }
     drains_[slot].store(0, std::memory_order_release);

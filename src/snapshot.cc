@@ -37,10 +37,9 @@ ConnKey KeyOf(const uint8_t (&bytes)[kKeyBytes]) {
 
 absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   const ZoneHeaderShm& h = zone.header();
-  if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion) {
-    return absl::DataLossError(
-        absl::StrFormat("zone %s was overwritten (bad magic or version)",
-                        ZoneShmName(zone.name())));
+  if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion ||
+      !zone.HeaderIntact()) {
+    return Zone::CorruptStatus(zone.name(), "its header changed");
   }
   ZoneSnapshot snap;
   snap.name = zone.name();
@@ -54,6 +53,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   snap.burst_bytes = zone.burst_bytes();
   snap.table_full = h.table_full.load();
   snap.lock_repairs = h.lock_repairs.load();
+  snap.lock_timeouts = h.lock_timeouts.load();
   snap.procs_reaped = h.procs_reaped.load();
   snap.conns_reaped = h.conns_reaped.load();
   snap.taken_ns = MonotonicNowNs();

@@ -88,6 +88,7 @@ struct ZoneSnapshot {
   uint32_t proc_capacity = 0;
   uint64_t table_full = 0;
   uint64_t lock_repairs = 0;
+  uint64_t lock_timeouts = 0;  // zone locks given up, callers passed through
   uint64_t procs_reaped = 0;
   uint64_t conns_reaped = 0;
   int64_t taken_ns = 0;  // CLOCK_MONOTONIC when taken

@@ -30,6 +30,8 @@ uint32_t Watcher::EnsureStarted() {
   if (p != kNoSlot) return p;
   int expected = kNotStarted;
   if (state_.compare_exchange_strong(expected, kStarting)) {
+    start_deadline_ns_.store(MonotonicNowNs() + kStartWaitNs,
+                             std::memory_order_release);
     // The watcher must never run a host signal handler.
     sigset_t all, old;
     sigfillset(&all);
@@ -49,7 +51,7 @@ uint32_t Watcher::EnsureStarted() {
       return kNoSlot;
     }
   }
-  const int64_t deadline = MonotonicNowNs() + kStartWaitNs;
+  const int64_t deadline = start_deadline_ns_.load(std::memory_order_acquire);
   while (state_.load(std::memory_order_acquire) == kStarting &&
          MonotonicNowNs() < deadline) {
     SleepNs(20'000);
@@ -61,6 +63,8 @@ void Watcher::AfterForkChild() {
   proc_.store(kNoSlot, std::memory_order_relaxed);
   state_.store(kNotStarted, std::memory_order_relaxed);
   stop_.store(false, std::memory_order_relaxed);
+  start_deadline_ns_.store(0, std::memory_order_relaxed);
+  liveness_ = HeldMutex();  // the parent's thread holds it, not ours
   pid_ = static_cast<int32_t>(getpid());
 }
 
@@ -72,9 +76,21 @@ void* Watcher::Main(void* self) {
 
 bool Watcher::Claim() {
   uint32_t me = kNoSlot;
-  {
-    ZoneLock lock(*zone_);
-    if (lock.ok()) me = zone_->ClaimProcLocked(pid_, MonotonicNowNs());
+  // The zone lock may be held for long (its holder stopped): wait for it in
+  // bounded steps, for as long as the process wants the watcher.
+  for (;;) {
+    if (stop_.load(std::memory_order_acquire) || zone_->corrupt()) {
+      state_.store(kFailed, std::memory_order_release);
+      return false;
+    }
+    ZoneLock lock(*zone_, kWatcherLockWaitNs);
+    if (lock.ok()) {
+      me = zone_->ClaimProcLocked(pid_, MonotonicNowNs(), &liveness_);
+      break;
+    }
+    if (zone_->lock_stalled() && !zone_->RecheckLock()) {
+      SleepNs(kWatcherLockWaitNs);
+    }
   }
   if (me == kNoSlot) {
     state_.store(kFailed, std::memory_order_release);
@@ -97,7 +113,6 @@ void Watcher::Run() {
   // again).
   uint32_t seen = zone_->ChangeWord();
   if (!Claim()) return;
-  const uint32_t me = proc_.load(std::memory_order_relaxed);
   int64_t idle_tick = timing_.idle_ns / 4;
   if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
   if (idle_tick > 100 * kNsPerMs) idle_tick = 100 * kNsPerMs;
@@ -108,6 +123,12 @@ void Watcher::Run() {
   int64_t last_scan = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     now = MonotonicNowNs();
+    if (!governor_->CheckZone(now)) {
+      // Corrupt: the process passes through; nothing to do but wait for
+      // the end, without touching the zone.
+      while (!stop_.load(std::memory_order_acquire)) SleepNs(kNsPerSec / 10);
+      break;
+    }
     int64_t until = next_idle < next_reap ? next_idle : next_reap;
     const bool budget = governor_->BudgetWanted();
     // Budget mode wakes every tick anyway: the idle and reap passes ride on
@@ -141,7 +162,7 @@ void Watcher::Run() {
     }
   }
   // Give up the liveness token: to the zone, this process is now dead.
-  pthread_mutex_unlock(&zone_->proc(me).liveness);
+  liveness_.Release();
 }
 
 void Watcher::Stop() {

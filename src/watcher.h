@@ -43,9 +43,14 @@ class Watcher {
 
   // The process's slot in the zone: starts the thread on first use (the one
   // pthread_create inside an interposed call, once per process) and waits
-  // for it at most 200 ms. kNoSlot if that failed.
+  // for it at most 200 ms after it was started, in all (calls after that
+  // do not wait). kNoSlot if it has no slot (yet).
   uint32_t EnsureStarted();
   uint32_t proc_index() const { return proc_.load(std::memory_order_acquire); }
+  // Started, but without a slot yet: it waits for the zone lock.
+  bool starting() const {
+    return state_.load(std::memory_order_acquire) == kStarting;
+  }
   // Stops the thread and releases the liveness token, so that the process
   // looks dead to the zone (tests; the library never stops it).
   void Stop();
@@ -66,6 +71,9 @@ class Watcher {
   std::atomic<uint32_t> proc_{kNoSlot};
   std::atomic<int> state_{kNotStarted};
   std::atomic<bool> stop_{false};
+  // EnsureStarted's callers wait for the thread until then, at most.
+  std::atomic<int64_t> start_deadline_ns_{0};
+  HeldMutex liveness_;  // the process slot's, held by the thread
   pthread_t thread_{};
   int32_t pid_;
 };

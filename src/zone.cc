@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -28,6 +29,20 @@ namespace {
 constexpr uint64_t kAlign = 64;
 constexpr int64_t kAttachWaitNs = 2 * kNsPerSec;
 constexpr uint32_t kAnyKeySpec = ~0u;  // Attach: accept the zone's key spec
+// The header checksum's SipHash key: fixed, it only detects damage.
+constexpr SipKey kHeaderChecksumKey = {0x7472616666696372ULL,
+                                       0x6174652068656164ULL};
+// OpenOrCreate: how many times a corrupt zone may be replaced (by this or
+// another process starting at the same time) before giving up.
+constexpr int kReplaceAttempts = 3;
+
+absl::Status CorruptError(const std::string& shm, absl::string_view why) {
+  return absl::DataLossError(absl::StrFormat(
+      "zone %s is corrupt (%s); the processes using it pass through unpaced; "
+      "a server started now replaces it, or remove it with `trafficrate rm "
+      "--zone %s`",
+      shm, why, shm.substr(sizeof("/trafficrate.") - 1)));
+}
 
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
 
@@ -90,6 +105,19 @@ void StoreBytes(uint8_t* to, const uint8_t* from, size_t n) {
 }
 
 }  // namespace
+
+uint64_t ZoneHeaderChecksum(const ZoneHeaderShm& h) {
+  // Copied one relaxed atomic load at a time: nothing writes these bytes
+  // once the zone is made, but a stray write may race this very read.
+  constexpr size_t kWords = offsetof(ZoneHeaderShm, ready) / sizeof(uint64_t);
+  static_assert(kWords * sizeof(uint64_t) == offsetof(ZoneHeaderShm, ready));
+  uint64_t words[kWords];
+  const auto* from = reinterpret_cast<const uint64_t*>(&h);
+  for (size_t i = 0; i < kWords; ++i) {
+    words[i] = __atomic_load_n(&from[i], __ATOMIC_RELAXED);
+  }
+  return SipHash24(kHeaderChecksumKey, words, sizeof(words));
+}
 
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
   ZoneGeometry g;
@@ -166,6 +194,7 @@ void InitializeZone(void* base, uint64_t size_bytes,
     h->hash_seed[0] = static_cast<uint64_t>(MonotonicNowNs()) ^ getpid();
     h->hash_seed[1] = reinterpret_cast<uintptr_t>(base) * 0x9e3779b97f4a7c15ULL;
   }
+  h->header_checksum = ZoneHeaderChecksum(*h);
   h->rate_bytes_per_sec.store(rate_bytes_per_sec, std::memory_order_relaxed);
   (void)InitRobustMutex(&h->lock);
   auto* bytes = static_cast<uint8_t*>(base);
@@ -190,39 +219,41 @@ void InitializeZone(void* base, uint64_t size_bytes,
   h->ready.store(1, std::memory_order_release);
 }
 
-// Checks everything the Zone view trusts: magic, version, slot sizes, and a
-// geometry that matches both the stored size and the segment's real size.
+// Checks everything the Zone view trusts: a layout this library reads, a
+// header whose checksum holds, and a geometry that matches both the stored
+// size and the segment's real size. A zone of another layout version is
+// refused (FailedPrecondition: a running server of that version may use it);
+// anything else that does not hold is corruption (DataLoss).
 absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
                             uint64_t actual_size) {
-  if (h.magic != kZoneMagic) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s is not a trafficrate zone (bad magic); remove it with "
-        "`rm /dev/shm%s`",
-        shm, shm));
-  }
-  if (h.layout_version != kZoneLayoutVersion ||
-      h.header_size != sizeof(ZoneHeaderShm) ||
-      h.key_slot_size != sizeof(KeySlotShm) ||
-      h.conn_slot_size != sizeof(ConnSlotShm) ||
-      h.proc_slot_size != sizeof(ProcSlotShm)) {
+  if (h.magic == kZoneMagic && h.layout_version != kZoneLayoutVersion) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "zone %s has layout version %u, this library uses %u; stop the "
         "servers using it and remove it with `rm /dev/shm%s`",
         shm, h.layout_version, kZoneLayoutVersion, shm));
+  }
+  if (h.magic != kZoneMagic) return CorruptError(shm, "bad magic");
+  if (h.corrupt.load(std::memory_order_acquire) != 0) {
+    return CorruptError(shm, "marked corrupt by a process that used it");
+  }
+  if (ZoneHeaderChecksum(h) != h.header_checksum) {
+    return CorruptError(shm, "header checksum mismatch");
   }
   const bool size_ok = h.zone_size >= kMinZoneSize &&
                        h.zone_size <= kMaxZoneSize &&
                        h.zone_size == actual_size;
   const ZoneGeometry g =
       size_ok ? ComputeZoneGeometry(h.zone_size) : ZoneGeometry{};
-  if (!size_ok || g.key_capacity != h.key_capacity ||
-      g.conn_capacity != h.conn_capacity ||
+  if (!size_ok || h.layout_version != kZoneLayoutVersion ||
+      h.header_size != sizeof(ZoneHeaderShm) ||
+      h.key_slot_size != sizeof(KeySlotShm) ||
+      h.conn_slot_size != sizeof(ConnSlotShm) ||
+      h.proc_slot_size != sizeof(ProcSlotShm) ||
+      g.key_capacity != h.key_capacity || g.conn_capacity != h.conn_capacity ||
       g.proc_capacity != h.proc_capacity || g.bucket_count != h.bucket_count ||
       g.buckets_offset != h.buckets_offset || g.keys_offset != h.keys_offset ||
       g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s has an inconsistent header; remove it with `rm /dev/shm%s`",
-        shm, shm));
+    return CorruptError(shm, "inconsistent geometry");
   }
   return absl::OkStatus();
 }
@@ -249,10 +280,7 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
   }
   absl::Status valid =
       header->ready.load(std::memory_order_acquire) == 0
-          ? absl::FailedPreconditionError(absl::StrFormat(
-                "zone %s was never initialized (its creator died?); remove "
-                "it with `rm /dev/shm%s`",
-                shm, shm))
+          ? CorruptError(shm, "never initialized: its creator died?")
           : ValidateHeader(*header, shm, size_bytes);
   if (valid.ok() && key_spec != kAnyKeySpec && header->key_spec != key_spec) {
     valid = absl::FailedPreconditionError(absl::StrFormat(
@@ -271,48 +299,70 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
     absl::string_view zone_name, uint64_t size_bytes,
-    uint64_t rate_bytes_per_sec, const KeySpec& key_spec) {
+    uint64_t rate_bytes_per_sec, const KeySpec& key_spec,
+    bool* replaced_corrupt) {
   if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
     return absl::InvalidArgumentError(
         absl::StrFormat("zone size %u is outside %u..%u", size_bytes,
                         kMinZoneSize, kMaxZoneSize));
   }
+  if (replaced_corrupt != nullptr) *replaced_corrupt = false;
   const std::string shm = ZoneShmName(zone_name);
-  bool creator = true;
-  int fd = shm_open(shm.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0 && errno == EEXIST) {
-    creator = false;
-    fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
-  }
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
-  absl::Status sized = absl::OkStatus();
-  if (creator) {
-    if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
-      sized = absl::ErrnoToStatus(errno, absl::StrCat("ftruncate ", shm));
+  absl::StatusOr<std::unique_ptr<Zone>> zone =
+      absl::InternalError("unreachable");
+  for (int attempt = 0; attempt < kReplaceAttempts; ++attempt) {
+    bool creator = true;
+    int fd = shm_open(shm.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST) {
+      creator = false;
+      fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+    }
+    if (fd < 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+    }
+    absl::Status sized = absl::OkStatus();
+    if (creator) {
+      if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
+        sized = absl::ErrnoToStatus(errno, absl::StrCat("ftruncate ", shm));
+        shm_unlink(shm.c_str());
+      }
+    } else {
+      // The creator may not have sized it yet: wait a bounded time.
+      struct stat st {};
+      const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
+      while (fstat(fd, &st) == 0 && st.st_size == 0 &&
+             MonotonicNowNs() < deadline) {
+        SleepNs(kNsPerMs);
+      }
+      if (static_cast<uint64_t>(st.st_size) != size_bytes) {
+        sized = absl::FailedPreconditionError(absl::StrFormat(
+            "zone %s has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; use "
+            "the same size, another TRAFFICRATE_ZONE, or remove it with "
+            "`rm /dev/shm%s` once no server uses it",
+            shm, st.st_size, size_bytes, shm));
+      }
+    }
+    zone = sized.ok() ? Map(zone_name, fd, size_bytes, creator,
+                            rate_bytes_per_sec, PackKeySpec(key_spec))
+                      : sized;
+    if (creator || !IsCorruptZone(zone.status())) {
+      close(fd);
+      break;
+    }
+    // Corrupt: take its name away (only if it is still the object we
+    // opened, not one another starting server just made) and start afresh.
+    // Whoever still has it mapped passes through until restarted.
+    struct stat ours {
+    }, named{};
+    const std::string path = absl::StrCat("/dev/shm", shm);
+    if (fstat(fd, &ours) == 0 && stat(path.c_str(), &named) == 0 &&
+        ours.st_dev == named.st_dev && ours.st_ino == named.st_ino) {
       shm_unlink(shm.c_str());
     }
-  } else {
-    // The creator may not have sized it yet: wait a bounded time.
-    struct stat st {};
-    const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
-    while (fstat(fd, &st) == 0 && st.st_size == 0 &&
-           MonotonicNowNs() < deadline) {
-      SleepNs(kNsPerMs);
-    }
-    if (static_cast<uint64_t>(st.st_size) != size_bytes) {
-      sized = absl::FailedPreconditionError(absl::StrFormat(
-          "zone %s has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; use "
-          "the same size, another TRAFFICRATE_ZONE, or remove it with "
-          "`rm /dev/shm%s` once no server uses it",
-          shm, st.st_size, size_bytes, shm));
-    }
+    close(fd);
+    if (replaced_corrupt != nullptr) *replaced_corrupt = true;
   }
-  absl::StatusOr<std::unique_ptr<Zone>> zone =
-      sized.ok() ? Map(zone_name, fd, size_bytes, creator, rate_bytes_per_sec,
-                       PackKeySpec(key_spec))
-                 : sized;
-  close(fd);
-  if (zone.ok() && !creator &&
+  if (zone.ok() &&
       (*zone)->header().rate_bytes_per_sec.load() != rate_bytes_per_sec) {
     (*zone)->SetRate(rate_bytes_per_sec);
   }
@@ -339,6 +389,52 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(
                 /*creator=*/false, 0, kAnyKeySpec);
   close(fd);
   return zone;
+}
+
+bool Zone::IsCorruptZone(const absl::Status& status) {
+  return absl::IsDataLoss(status);
+}
+
+bool Zone::HeaderIntact() const {
+  return !corrupt() && header_->corrupt.load(std::memory_order_acquire) == 0 &&
+         ZoneHeaderChecksum(*header_) == header_->header_checksum;
+}
+
+bool Zone::CheckHeader() {
+  if (HeaderIntact()) return true;
+  MarkCorrupt(header_->corrupt.load(std::memory_order_acquire) != 0
+                  ? "another process found it corrupt"
+                  : "its header checksum does not match");
+  return false;
+}
+
+absl::Status Zone::CorruptStatus(absl::string_view zone_name,
+                                 absl::string_view why) {
+  return CorruptError(ZoneShmName(zone_name), why);
+}
+
+void Zone::ForgetCorruptionForTesting() {
+  header_->corrupt.store(0, std::memory_order_release);
+  corrupt_why_.store(nullptr, std::memory_order_release);
+  corrupt_.store(false, std::memory_order_release);
+}
+
+void Zone::MarkCorrupt(const char* why) {
+  const char* none = nullptr;
+  corrupt_why_.compare_exchange_strong(none, why, std::memory_order_acq_rel);
+  header_->corrupt.store(1, std::memory_order_release);
+  corrupt_.store(true, std::memory_order_release);
+}
+
+int32_t Zone::LockHolder() const {
+  return __atomic_load_n(&header_->lock.__data.__lock, __ATOMIC_RELAXED) &
+         FUTEX_TID_MASK;
+}
+
+bool Zone::RecheckLock() {
+  if (!lock_stalled()) return true;
+  ZoneLock lock(*this, kLockRecheckWaitNs, ZoneLock::Mode::kRecheck);
+  return lock.ok();
 }
 
 absl::Status Zone::Unlink(absl::string_view zone_name) {
@@ -578,7 +674,8 @@ void Zone::TransferConnLocked(uint32_t conn_index, uint32_t proc_index,
   c.fd.store(fd, std::memory_order_relaxed);
 }
 
-uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns) {
+uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
+                               HeldMutex* liveness) {
   for (uint32_t i = 0; i < proc_capacity(); ++i) {
     ProcSlotShm& p = procs_[i];
     if (p.state.load(std::memory_order_relaxed) != kProcFree) continue;
@@ -589,6 +686,7 @@ uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns) {
       rc = 0;
     }
     if (rc != 0) continue;
+    if (liveness != nullptr) liveness->Hold(&p.liveness, base_, size_);
     p.pid.store(pid, std::memory_order_relaxed);
     p.conns.store(0, std::memory_order_relaxed);
     p.watcher_cpu.store(0, std::memory_order_relaxed);
@@ -616,6 +714,9 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
   } else if (rc != EOWNERDEAD) {
     return false;
   }
+  if (rc == EOWNERDEAD) pthread_mutex_consistent(&p.liveness);
+  HeldMutex held;
+  held.Hold(&p.liveness, base_, size_);
   uint32_t reaped = 0;
   for (uint32_t i = 0; i < conn_capacity(); ++i) {
     ConnSlotShm& c = conns_[i];
@@ -628,8 +729,7 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
   p.pid.store(0, std::memory_order_relaxed);
   p.conns.store(0, std::memory_order_relaxed);
   p.state.store(kProcFree, std::memory_order_release);
-  if (rc == EOWNERDEAD) pthread_mutex_consistent(&p.liveness);
-  pthread_mutex_unlock(&p.liveness);
+  if (!held.Release()) MarkCorrupt("a process slot's mutex changed while held");
   header_->procs_reaped.fetch_add(1, std::memory_order_relaxed);
   header_->conns_reaped.fetch_add(reaped, std::memory_order_relaxed);
   if (conns_reaped != nullptr) *conns_reaped = reaped;
@@ -808,22 +908,125 @@ void Zone::WaitForChange(uint32_t seen, int64_t timeout_ns) {
   header_->watchers_waiting.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-ZoneLock::ZoneLock(Zone& zone) : zone_(zone) {
-  const int rc = pthread_mutex_lock(&zone_.header().lock);
+namespace {
+
+// This thread's robust list head (set_robust_list), where glibc's links end.
+thread_local uintptr_t t_robust_head = 0;
+
+uintptr_t RobustHead() {
+  if (t_robust_head == 0) {
+    void* head = nullptr;
+    size_t len = 0;
+    if (syscall(SYS_get_robust_list, 0, &head, &len) == 0) {
+      t_robust_head = reinterpret_cast<uintptr_t>(head);
+    }
+  }
+  return t_robust_head;
+}
+
+// Locks waiting at most wait_ns, measured on CLOCK_MONOTONIC, so that a
+// change of the wall clock cannot lengthen the wait.
+int TimedLock(pthread_mutex_t* mutex, int64_t wait_ns) {
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer (GCC 12) knows neither pthread_mutex_clocklock nor
+  // EOWNERDEAD from pthread_mutex_timedlock; it knows both from trylock.
+  const int64_t deadline = MonotonicNowNs() + wait_ns;
+  for (;;) {
+    const int rc = pthread_mutex_trylock(mutex);
+    if (rc != EBUSY || MonotonicNowNs() >= deadline) {
+      return rc == EBUSY ? ETIMEDOUT : rc;
+    }
+    SleepNs(20'000);
+  }
+#else
+  timespec deadline{};
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  const int64_t ns = deadline.tv_nsec + wait_ns;
+  deadline.tv_sec += static_cast<time_t>(ns / kNsPerSec);
+  deadline.tv_nsec = static_cast<long>(ns % kNsPerSec);
+  return pthread_mutex_clocklock(mutex, CLOCK_MONOTONIC, &deadline);
+#endif
+}
+
+}  // namespace
+
+void HeldMutex::Hold(pthread_mutex_t* m, const void* base, size_t size) {
+  mutex = m;
+  kind = __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED);
+  tid = __atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK;
+  lo = reinterpret_cast<uintptr_t>(base);
+  hi = lo + size;
+}
+
+bool HeldMutex::Release() {
+  if (mutex == nullptr) return true;
+  pthread_mutex_t* m = mutex;
+  mutex = nullptr;
+  // glibc's unlink writes 16 bytes around each link: [p - 8, p + 8).
+  const uintptr_t head = RobustHead();
+  const auto sane = [&](const void* link) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(link) & ~uintptr_t{1};
+    return (head != 0 && p == head) || (p >= lo + 8 && p + 8 <= hi);
+  };
+  const bool intact =
+      __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == kind &&
+      (__atomic_load_n(&m->__data.__lock, __ATOMIC_RELAXED) & FUTEX_TID_MASK) ==
+          tid &&
+      sane(__atomic_load_n(&m->__data.__list.__next, __ATOMIC_RELAXED)) &&
+      sane(__atomic_load_n(&m->__data.__list.__prev, __ATOMIC_RELAXED));
+  if (!intact) return false;
+  pthread_mutex_unlock(m);
+  return true;
+}
+
+ZoneLock::ZoneLock(Zone& zone, int64_t wait_ns)
+    : ZoneLock(zone, wait_ns, Mode::kNormal) {}
+
+ZoneLock::ZoneLock(Zone& zone, int64_t wait_ns, Mode mode) : zone_(zone) {
+  if (zone_.corrupt()) return;
+  pthread_mutex_t* mutex = &zone_.header().lock;
+  int rc;
+  if ((mode == Mode::kNormal && zone_.lock_stalled()) || wait_ns <= 0) {
+    rc = pthread_mutex_trylock(mutex);
+  } else {
+    rc = TimedLock(mutex, wait_ns);
+  }
   if (rc == EOWNERDEAD) {
     // The last holder died inside a critical section: rebuild everything that
     // could be half-written before anyone else sees it.
     zone_.RepairLocked();
-    pthread_mutex_consistent(&zone_.header().lock);
-    locked_ = true;
+    pthread_mutex_consistent(mutex);
     repaired_ = true;
+    rc = 0;
+  }
+  if (rc == ETIMEDOUT || rc == EBUSY) {
+    // Held too long, or still held after an earlier timeout: the caller
+    // passes through.
+    zone_.lock_timeouts_.fetch_add(1, std::memory_order_relaxed);
+    zone_.header().lock_timeouts.fetch_add(1, std::memory_order_relaxed);
+    if (rc == ETIMEDOUT) {
+      zone_.lock_stalled_.store(true, std::memory_order_relaxed);
+    }
     return;
   }
-  locked_ = rc == 0;
+  if (rc != 0) {
+    // A lock no call can take (EINVAL, EDEADLK, EAGAIN, ENOTRECOVERABLE):
+    // a write into the zone broke it, or a repair died half-way.
+    zone_.MarkCorrupt("its lock is broken");
+    return;
+  }
+  if (zone_.lock_stalled()) {
+    zone_.lock_stalled_.store(false, std::memory_order_relaxed);
+  }
+  held_.Hold(mutex, zone_.base(), zone_.size());
+  locked_ = true;
 }
 
 ZoneLock::~ZoneLock() {
-  if (locked_) pthread_mutex_unlock(&zone_.header().lock);
+  // A lock changed under its holder: something writes into the zone.
+  if (locked_ && !held_.Release()) {
+    zone_.MarkCorrupt("its lock changed while this process held it");
+  }
   // Every generation moved: let all watchers re-apply, outside the lock.
   if (repaired_) zone_.WakeWatchers();
 }

@@ -33,6 +33,28 @@
 
 namespace trafficrate {
 
+// A robust mutex in shared memory that this thread holds. glibc links the
+// robust mutexes a thread holds into a list through pointers kept in each
+// mutex, and follows them when it unlocks one; anything else that maps the
+// zone can overwrite them. Release unlocks only if what glibc will follow is
+// still sane: the kind and owner the mutex had when it was taken, and links
+// that point into the zone's mapping or at this thread's own list head. So no
+// write into the zone can make glibc write outside the mapping.
+struct HeldMutex {
+  // After the lock was taken (and made consistent). [base, base + size) is
+  // the mapping it lives in.
+  void Hold(pthread_mutex_t* mutex, const void* base, size_t size);
+  // Unlocks the mutex Hold saved, if any. False if it was damaged: it is then
+  // left locked (the zone is unusable anyway; the caller marks it corrupt).
+  bool Release();
+
+  pthread_mutex_t* mutex = nullptr;
+  int kind = 0;
+  int tid = 0;
+  uintptr_t lo = 0;
+  uintptr_t hi = 0;
+};
+
 // How a zone of a given size is divided; a pure function of the size.
 struct ZoneGeometry {
   uint32_t bucket_count = 0;
@@ -46,6 +68,14 @@ struct ZoneGeometry {
 };
 
 inline constexpr uint64_t kMinZoneSize = 64 * 1024;
+// How long a ZoneLock waits for the zone lock: inside the host's calls
+// (accept, send, close) only briefly, so that a holder that stopped (SIGSTOP,
+// a debugger, the cgroup freezer, a slow core dump) costs them at most this
+// once; the watcher thread and the CLI longer, but never forever.
+inline constexpr int64_t kHostLockWaitNs = 15'000'000;
+inline constexpr int64_t kWatcherLockWaitNs = 100'000'000;
+// The watcher's look, once per loop, whether a stalled lock is free again.
+inline constexpr int64_t kLockRecheckWaitNs = 20'000'000;
 inline constexpr uint64_t kMaxZoneSize = 1ULL << 30;
 
 // REQUIRES: kMinZoneSize <= size_bytes <= kMaxZoneSize.
@@ -53,6 +83,9 @@ ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes);
 
 // TRAFFICRATE_KEY as written: "peer", "peer/24,64", "local", "all".
 std::string DescribeKeySpec(const KeySpec& spec);
+
+// The checksum of a header's immutable part (ZoneHeaderShm::header_checksum).
+uint64_t ZoneHeaderChecksum(const ZoneHeaderShm& header);
 
 // "/trafficrate.<name>", the shm_open name of a zone.
 std::string ZoneShmName(absl::string_view zone_name);
@@ -67,15 +100,23 @@ class Zone {
   // (the last server started with a rate wins; `trafficrate set` changes it).
   static absl::StatusOr<std::unique_ptr<Zone>> OpenOrCreate(
       absl::string_view zone_name, uint64_t size_bytes,
-      uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec());
+      uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec(),
+      bool* replaced_corrupt = nullptr);
 
+  // An existing zone found corrupt (its header checksum does not match, or a
+  // process marked it so) is replaced by a fresh one: the processes still
+  // using the old one pass through until they restart.
+  //
   // Attaches to an existing zone of any size (for the CLI). NotFoundError if
-  // there is none.
+  // there is none; DataLossError if it is corrupt (IsCorruptZone).
   static absl::StatusOr<std::unique_ptr<Zone>> Attach(
       absl::string_view zone_name);
 
   // Removes the name; processes that have it mapped keep using it.
   static absl::Status Unlink(absl::string_view zone_name);
+
+  // Whether an Attach or OpenOrCreate error means the zone is corrupt.
+  static bool IsCorruptZone(const absl::Status& status);
 
   ~Zone();
   Zone(const Zone&) = delete;
@@ -96,6 +137,10 @@ class Zone {
   KeySlotShm& key(uint32_t index) const { return keys_[index]; }
   ConnSlotShm& conn(uint32_t index) const { return conns_[index]; }
   ProcSlotShm& proc(uint32_t index) const { return procs_[index]; }
+
+  // The mapping, for HeldMutex.
+  const void* base() const { return base_; }
+  size_t size() const { return size_; }
 
   // Hash bucket of key bytes under this zone's seed.
   uint32_t BucketOf(const uint8_t* key_bytes) const;
@@ -122,8 +167,10 @@ class Zone {
   // connection is counted; a leave takes it off the count.
   void SetUnderPace(uint32_t conn_index, bool under);
   // Claims a free process slot for pid and locks its liveness mutex from the
-  // calling thread, which must hold it for the life of the process.
-  uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns);
+  // calling thread, which must hold it for the life of the process (and
+  // release it through *liveness).
+  uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns,
+                           HeldMutex* liveness = nullptr);
   // If proc_index's owner died (its liveness mutex reports EOWNERDEAD),
   // deregisters everything it owned, frees the slot and returns true.
   bool ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped);
@@ -146,6 +193,45 @@ class Zone {
   uint64_t burst_bytes() const;
   // The live rate and burst, for the budget controller.
   BudgetSettings budget_settings() const;
+
+  // Corruption, checked at attach and by every watcher once a second: false
+  // once the header's checksum no longer matches (or any process found so
+  // and marked the zone). Then the zone is marked corrupt for every process,
+  // and this process stops using it: ZoneLock fails at once, and the
+  // Governor passes everything through. Lock-free.
+  bool CheckHeader();
+  // The same look without marking anything (the CLI, snapshots).
+  bool HeaderIntact() const;
+  // The error a corrupt zone gets (DataLoss), saying what to do about it.
+  static absl::Status CorruptStatus(absl::string_view zone_name,
+                                    absl::string_view why);
+  // Marks the zone corrupt for every process (see CheckHeader); `why` (a
+  // string literal) is what this process found.
+  void MarkCorrupt(const char* why);
+  // Tests only: forgets the mark, here and in the zone, so that a test can
+  // go on feeding garbage to code that would otherwise stop using the zone.
+  void ForgetCorruptionForTesting();
+  // What this process found, once corrupt().
+  const char* corrupt_why() const {
+    return corrupt_why_.load(std::memory_order_acquire);
+  }
+  // This process found (or was told) the zone corrupt.
+  bool corrupt() const { return corrupt_.load(std::memory_order_acquire); }
+
+  // The zone lock. After a ZoneLock gave up waiting, the lock counts as
+  // stalled in this process: later ZoneLocks only try it, at no cost, until
+  // one gets it. The watcher calls RecheckLock once per loop while it is
+  // stalled: it waits kLockRecheckWaitNs for it. Returns true once it is free.
+  bool lock_stalled() const {
+    return lock_stalled_.load(std::memory_order_relaxed);
+  }
+  bool RecheckLock();
+  // Locks this process gave up (also counted in header().lock_timeouts).
+  uint64_t lock_timeouts() const {
+    return lock_timeouts_.load(std::memory_order_relaxed);
+  }
+  // The thread id the lock word names as its holder (0: free).
+  int32_t LockHolder() const;
 
   // Futex on header().change_word, shared by all processes.
   uint32_t ChangeWord() const;
@@ -190,6 +276,11 @@ class Zone {
   KeySlotShm* keys_;
   ConnSlotShm* conns_;
   ProcSlotShm* procs_;
+  friend class ZoneLock;
+  std::atomic<bool> corrupt_{false};
+  std::atomic<const char*> corrupt_why_{nullptr};
+  std::atomic<bool> lock_stalled_{false};
+  std::atomic<uint64_t> lock_timeouts_{0};
   // ReapDead scans every process slot once in this many passes, and only
   // those below the header's procs_high_water in between.
   static constexpr uint32_t kFullReapEvery = 16;
@@ -197,21 +288,29 @@ class Zone {
   std::atomic<uint32_t> reap_passes_{0};
 };
 
-// Holds the zone lock for a scope. On EOWNERDEAD (the last holder died) the
-// zone is repaired before the lock is marked consistent. ok() is false only if
-// the lock cannot be taken at all; the caller must then pass through.
+// Holds the zone lock for a scope, waiting at most wait_ns for it (and not at
+// all while the lock is stalled in this process, see Zone::RecheckLock). On
+// EOWNERDEAD (the last holder died) the zone is repaired before the lock is
+// marked consistent. ok() is false if the lock was not taken (timed out,
+// stalled, or the zone is corrupt); the caller must then pass through, and
+// retry later if it matters.
 class ZoneLock {
  public:
-  explicit ZoneLock(Zone& zone);
+  explicit ZoneLock(Zone& zone, int64_t wait_ns = kHostLockWaitNs);
   ~ZoneLock();
   ZoneLock(const ZoneLock&) = delete;
   ZoneLock& operator=(const ZoneLock&) = delete;
   bool ok() const { return locked_; }
 
  private:
+  friend class Zone;
+  enum class Mode { kNormal, kRecheck };
+  ZoneLock(Zone& zone, int64_t wait_ns, Mode mode);
+
   Zone& zone_;
   bool locked_ = false;
   bool repaired_ = false;
+  HeldMutex held_;
 };
 
 }  // namespace trafficrate

@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 5;
+inline constexpr uint32_t kZoneLayoutVersion = 6;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -152,7 +152,17 @@ struct ZoneHeaderShm {
   // older version, which did not keep it. Only a bound for ReapDead's scan.
   std::atomic<uint32_t> procs_high_water;
   std::atomic<uint64_t> burst_bytes;  // live setting; 0: DefaultBurstBytes
-  uint8_t reserved1[88];
+  // SipHash of the immutable part (magic to hash_seed, the bytes before
+  // `ready`), written by the creator: checked at attach and by every
+  // watcher once a second (Zone::HeaderIntact).
+  uint64_t header_checksum;
+  // Zone locks given up (waited their limit, or found the lock still held
+  // after an earlier timeout); the callers passed through.
+  std::atomic<uint64_t> lock_timeouts;
+  // 1 once a process found the header corrupt: every process then passes
+  // through, and the next server started replaces the zone.
+  std::atomic<uint32_t> corrupt;
+  uint8_t reserved1[68];
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);

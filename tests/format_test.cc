@@ -193,6 +193,18 @@ TEST(FormatStatTest, WatcherCpuAndStretchInEveryFormat) {
               Not(HasSubstr("trafficrate_watcher_")));
 }
 
+TEST(FormatStatTest, LockTimeoutsInEveryFormat) {
+  ZoneSnapshot s = SampleSnapshot();
+  s.lock_timeouts = 7;
+  s.lock_repairs = 2;
+  EXPECT_THAT(FormatStatTable(s, {}),
+              HasSubstr("lock repairs 2, lock timeouts 7\n"));
+  EXPECT_THAT(FormatStatJson(s, {}),
+              HasSubstr("\"lock_repairs\": 2, \"lock_timeouts\": 7, "));
+  EXPECT_THAT(FormatStatPrometheus(s, {}),
+              HasSubstr("trafficrate_lock_timeouts_total{zone=\"web\"} 7\n"));
+}
+
 TEST(FormatStatPrometheusTest, EveryLineIsACommentOrASample) {
   const std::string out = FormatStatPrometheus(SampleSnapshot(), {});
   EXPECT_THAT(out, HasSubstr("trafficrate_rate_bytes_per_second{zone=\"web\"} "

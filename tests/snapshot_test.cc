@@ -68,7 +68,20 @@ TEST_F(SnapshotTest, OverwrittenHeaderIsDataLossNotACrash) {
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   ASSERT_FALSE(snap.ok());
   EXPECT_EQ(snap.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(snap.status().message().find("overwritten"), std::string::npos);
+  EXPECT_NE(snap.status().message().find("corrupt"), std::string::npos);
+}
+
+TEST_F(SnapshotTest, HeaderFailingItsChecksumIsCorrupt) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ASSERT_TRUE(TakeSnapshot(*zone).ok());
+  zone->header().proc_capacity += 1;
+  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
+  ASSERT_FALSE(snap.ok());
+  EXPECT_TRUE(Zone::IsCorruptZone(snap.status()));
+  EXPECT_NE(snap.status().message().find("trafficrate rm"), std::string::npos);
+  // Reading it marks nothing: only a process that uses the zone does.
+  EXPECT_EQ(zone->header().corrupt.load(), 0u);
 }
 
 TEST_F(SnapshotTest, GarbageInTheSlotsIsReadWithoutACrash) {

@@ -98,7 +98,11 @@ TEST_P(ZoneGarbageSeeds, RandomTablesNeverCrashOrHang) {
     gov_->ApplyChangedShares();
     gov_->ExpireIdle(now);
     gov_->ReapDead();
-    EXPECT_TRUE(TakeSnapshot(*zone_).ok());
+    // Garbage the Governor can tell from real figures makes the zone
+    // corrupt (everything then passes through): forget it, to go on.
+    const absl::Status snap = TakeSnapshot(*zone_).status();
+    EXPECT_TRUE(snap.ok() || Zone::IsCorruptZone(snap)) << snap;
+    zone_->ForgetCorruptionForTesting();
     if (round % 25 == 24) {
       // A close and a new connection now and then.
       Conn& old = conns[rng() % conns.size()];
@@ -216,6 +220,7 @@ TEST_F(ZoneHeaderExtremesTest, EachFieldAtAnExtremeNeverCrashesOrHangs) {
       }
       // Back to the real header (all but the lock), so that the next field
       // starts from a sound zone.
+      zone_->ForgetCorruptionForTesting();
       {
         ZoneLock lock(*zone_);
         ASSERT_TRUE(lock.ok());

@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 5u);
+  EXPECT_EQ(kZoneLayoutVersion, 6u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -61,8 +61,11 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, share_mode), 216u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, procs_high_water), 220u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, burst_bytes), 224u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 232u);
-  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 88u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, header_checksum), 232u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, lock_timeouts), 240u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, corrupt), 248u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 252u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 68u);
 }
 
 TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
@@ -193,6 +196,9 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conns_reaped);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, share_mode);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, burst_bytes);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, header_checksum);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_timeouts);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, corrupt);
   fp.Add(sizeof(KeySlotShm));
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, key);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, next);
@@ -254,6 +260,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {4, 0x4af1178a17ce20ccULL},  // connections under their pace: key
                                    // budget_aux, conn
       {5, 0x7864305c3c913aceULL},  // process watcher_cpu, watcher_stretch
+      {6, 0xa8eba82a77627faaULL},  // header checksum, lock_timeouts, corrupt
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;

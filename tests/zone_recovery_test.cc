@@ -66,7 +66,9 @@ TEST_F(ZoneTest, CountsFromForkedProcessesAddUp) {
       for (int i = 0; i < kRounds; ++i) {
         {
           // A connection that stays; every other one also stays active.
-          ZoneLock lock(*zone);
+          // (The children contend for the lock: a long wait, so that a
+          // slow sanitizer build cannot time out.)
+          ZoneLock lock(*zone, kWatcherLockWaitNs);
           TRAFFICRATE_CHILD_CHECK(lock.ok());
           const uint32_t k = zone->FindOrInsertKeyLocked(shared.bytes, 1);
           TRAFFICRATE_CHILD_CHECK(k != kNoSlot);
@@ -76,7 +78,7 @@ TEST_F(ZoneTest, CountsFromForkedProcessesAddUp) {
         }
         {
           // A connection with a key of its own that comes and goes.
-          ZoneLock lock(*zone);
+          ZoneLock lock(*zone, kWatcherLockWaitNs);
           TRAFFICRATE_CHILD_CHECK(lock.ok());
           const TestKey own = MakeKey(static_cast<uint32_t>(i), 1 + child);
           const uint32_t k = zone->FindOrInsertKeyLocked(own.bytes, 1);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -280,23 +281,47 @@ TEST_F(ZoneTest, UnlinkOfAMissingZoneIsNotFound) {
   EXPECT_EQ(Zone::Unlink(zone_name_).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(ZoneTest, ZoneWithWrongMagicIsRefusedAndNeverWritten) {
-  const std::vector<uint8_t> before =
-      CreateAndTamper([](ZoneHeaderShm& h) { h.magic ^= 1; });
+// A zone whose header fails its check is corrupt: Attach (the CLI) says so
+// (DataLoss), and a server starting replaces it with a fresh zone, without
+// writing to the old one, which the processes still using it keep.
+void ExpectCorruptAndReplaced(const std::string& zone_name,
+                              const std::vector<uint8_t>& before,
+                              const std::string& why) {
   ASSERT_EQ(before.size(), kOneMiB);
-  // Another rate: using the zone would store it.
-  absl::StatusOr<std::unique_ptr<Zone>> opened =
-      Zone::OpenOrCreate(zone_name_, kOneMiB, 7 * kRate);
-  ASSERT_FALSE(opened.ok());
-  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(opened.status().message(), HasSubstr("magic"));
-  absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(zone_name_);
+  absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(zone_name);
   ASSERT_FALSE(attached.ok());
-  EXPECT_EQ(attached.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(ReadShm(zone_name_) == before) << "a refused zone was written";
+  EXPECT_TRUE(Zone::IsCorruptZone(attached.status())) << attached.status();
+  EXPECT_THAT(attached.status().message(), HasSubstr("corrupt"));
+  EXPECT_THAT(attached.status().message(), HasSubstr(why));
+  EXPECT_THAT(attached.status().message(), HasSubstr("trafficrate rm"));
+  const std::string shm = ZoneShmName(zone_name);
+  const int old_fd = shm_open(shm.c_str(), O_RDONLY, 0);
+  ASSERT_GE(old_fd, 0);
+  bool replaced = false;
+  // Another rate: using the old zone would store it there.
+  absl::StatusOr<std::unique_ptr<Zone>> opened =
+      Zone::OpenOrCreate(zone_name, kOneMiB, 7 * kRate, KeySpec(), &replaced);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_TRUE(replaced);
+  EXPECT_EQ((*opened)->header().magic, kZoneMagic);
+  EXPECT_EQ((*opened)->header().rate_bytes_per_sec.load(), 7 * kRate);
+  EXPECT_TRUE((*opened)->CheckHeader());
+  std::vector<uint8_t> old(before.size());
+  EXPECT_EQ(pread(old_fd, old.data(), old.size(), 0),
+            static_cast<ssize_t>(old.size()));
+  close(old_fd);
+  EXPECT_TRUE(old == before) << "the corrupt zone was written";
+  EXPECT_TRUE(Zone::Attach(zone_name).ok());
+}
+
+TEST_F(ZoneTest, ZoneWithWrongMagicIsCorruptAndReplaced) {
+  ExpectCorruptAndReplaced(
+      zone_name_, CreateAndTamper([](ZoneHeaderShm& h) { h.magic ^= 1; }),
+      "magic");
 }
 
 TEST_F(ZoneTest, ZoneWithAnotherLayoutVersionIsRefusedAndNeverWritten) {
+  // A running server of another version may use it: never replaced.
   const std::vector<uint8_t> before = CreateAndTamper(
       [](ZoneHeaderShm& h) { h.layout_version = kZoneLayoutVersion + 1; });
   ASSERT_EQ(before.size(), kOneMiB);
@@ -311,25 +336,66 @@ TEST_F(ZoneTest, ZoneWithAnotherLayoutVersionIsRefusedAndNeverWritten) {
   EXPECT_TRUE(ReadShm(zone_name_) == before) << "a refused zone was written";
 }
 
-TEST_F(ZoneTest, ZoneWithAnotherSlotSizeIsRefused) {
-  const std::vector<uint8_t> before = CreateAndTamper(
-      [](ZoneHeaderShm& h) { h.conn_slot_size = sizeof(ConnSlotShm) + 8; });
-  ASSERT_EQ(before.size(), kOneMiB);
-  EXPECT_EQ(Zone::OpenOrCreate(zone_name_, kOneMiB, kRate).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(ReadShm(zone_name_) == before);
+TEST_F(ZoneTest, ZoneWithAnotherSlotSizeIsCorruptAndReplaced) {
+  ExpectCorruptAndReplaced(zone_name_, CreateAndTamper([](ZoneHeaderShm& h) {
+                             h.conn_slot_size = sizeof(ConnSlotShm) + 8;
+                           }),
+                           "checksum");
 }
 
-TEST_F(ZoneTest, ZoneWithInconsistentGeometryIsRefused) {
-  const std::vector<uint8_t> before =
-      CreateAndTamper([](ZoneHeaderShm& h) { h.key_capacity += 1; });
-  ASSERT_EQ(before.size(), kOneMiB);
-  absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(zone_name_);
-  ASSERT_FALSE(attached.ok());
-  EXPECT_EQ(attached.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Zone::OpenOrCreate(zone_name_, kOneMiB, kRate).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(ReadShm(zone_name_) == before);
+TEST_F(ZoneTest, EachImmutableHeaderByteIsCoveredByTheChecksum) {
+  for (size_t offset = 0; offset < offsetof(ZoneHeaderShm, ready); ++offset) {
+    if (offset == offsetof(ZoneHeaderShm, magic)) continue;  // "bad magic"
+    SCOPED_TRACE(offset);
+    const std::vector<uint8_t> before =
+        CreateAndTamper([offset](ZoneHeaderShm& h) {
+          reinterpret_cast<uint8_t*>(&h)[offset] ^= 0x40;
+        });
+    absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(zone_name_);
+    ASSERT_FALSE(attached.ok());
+    // The layout version, changed, is refused as another version's zone.
+    if (offset >= offsetof(ZoneHeaderShm, layout_version) &&
+        offset < offsetof(ZoneHeaderShm, header_size)) {
+      EXPECT_EQ(attached.status().code(),
+                absl::StatusCode::kFailedPrecondition);
+    } else {
+      EXPECT_TRUE(Zone::IsCorruptZone(attached.status())) << attached.status();
+    }
+    ASSERT_TRUE(Zone::Unlink(zone_name_).ok());
+  }
+}
+
+TEST_F(ZoneTest, ZoneWithInconsistentGeometryIsCorruptEvenWithItsChecksum) {
+  ExpectCorruptAndReplaced(zone_name_, CreateAndTamper([](ZoneHeaderShm& h) {
+                             h.key_capacity += 1;
+                             h.header_checksum = ZoneHeaderChecksum(h);
+                           }),
+                           "inconsistent geometry");
+}
+
+TEST_F(ZoneTest, ZoneMarkedCorruptIsReplaced) {
+  ExpectCorruptAndReplaced(
+      zone_name_, CreateAndTamper([](ZoneHeaderShm& h) { h.corrupt.store(1); }),
+      "marked corrupt");
+}
+
+TEST_F(ZoneTest, CheckHeaderFindsALiveZoneChangedAndMarksItForEveryone) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  std::unique_ptr<Zone> other = Open();
+  ASSERT_NE(other, nullptr);
+  EXPECT_TRUE(zone->CheckHeader());
+  EXPECT_TRUE(other->CheckHeader());
+  zone->header().hash_seed[1] ^= 1;
+  EXPECT_FALSE(zone->CheckHeader());
+  EXPECT_TRUE(zone->corrupt());
+  zone->header().hash_seed[1] ^= 1;  // put back: the mark stays
+  EXPECT_FALSE(other->CheckHeader());
+  EXPECT_TRUE(other->corrupt());
+  EXPECT_EQ(zone->header().corrupt.load(), 1u);
+  // A corrupt zone is not locked any more in this process.
+  ZoneLock lock(*zone);
+  EXPECT_FALSE(lock.ok());
 }
 
 TEST_F(ZoneTest, HashSeedDiffersBetweenZones) {

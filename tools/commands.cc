@@ -124,7 +124,8 @@ constexpr char kRmHelp[] =
 
 Removes a zone (/dev/shm/trafficrate.NAME). Refused while live processes are
 registered in it, unless --force: they keep using it until they exit, and
-servers started afterwards create a new, separate zone.
+servers started afterwards create a new, separate zone. A corrupt zone (see
+stat) is removed without --force: its processes pass through already.
 
   --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
   --force         remove it even though processes use it
@@ -442,10 +443,25 @@ int RmCommand(const std::vector<std::string>& raw) {
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
+  std::string name;
   if (!Parse("rm", raw, kSpecs, false, kRmHelp, &args, &rc) ||
-      !NoPositionals("rm", args, &rc) || !OpenZone("rm", args, &zone, &rc)) {
+      !NoPositionals("rm", args, &rc) || !ZoneName("rm", args, &name, &rc)) {
     return rc;
   }
+  absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(name);
+  if (!attached.ok() && Zone::IsCorruptZone(attached.status())) {
+    // Nothing in it can be trusted, not even its process table: the
+    // processes using it pass through already.
+    const absl::Status removed = Zone::Unlink(name);
+    if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
+    std::printf(
+        "removed corrupt zone %s (/dev/shm%s); servers still using it pass "
+        "through unpaced until they restart\n",
+        name.c_str(), ZoneShmName(name).c_str());
+    return kExitOk;
+  }
+  if (!attached.ok()) return Failure(std::string(attached.status().message()));
+  zone = std::move(*attached);
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   std::vector<int32_t> pids;
   if (snap.ok()) {

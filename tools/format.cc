@@ -129,9 +129,9 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
                 "equal shares, rate / active (TRAFFICRATE_SHARE=equal)"));
   absl::StrAppendFormat(&out,
                         "dead processes reaped %u (%u connections), table "
-                        "full %u times, lock repairs %u\n",
+                        "full %u times, lock repairs %u, lock timeouts %u\n",
                         s.procs_reaped, s.conns_reaped, s.table_full,
-                        s.lock_repairs);
+                        s.lock_repairs, s.lock_timeouts);
   if (s.share_mode == ShareMode::kBudget) {
     double cpu = 0, stretch = 0;
     for (const ProcSnapshot& p : s.processes) {
@@ -181,14 +181,16 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
       " \"used\": {\"keys\": %u, \"connections\": %u, \"active\": %u, "
       "\"processes\": %u},\n"
       " \"counters\": {\"table_full\": %u, \"lock_repairs\": %u, "
-      "\"processes_reaped\": %u, \"connections_reaped\": %u},\n"
+      "\"lock_timeouts\": %u, \"processes_reaped\": %u, "
+      "\"connections_reaped\": %u},\n"
       " \"keys\": [",
       JsonString(s.name), s.size_bytes, s.rate_bytes_per_sec,
       JsonString(DescribeKeySpec(s.key_spec)),
       JsonString(std::string(ShareModeName(s.share_mode))), s.burst_bytes,
       s.key_capacity, s.conn_capacity, s.proc_capacity, s.keys.size(),
       s.connections.size(), ActiveConnections(s), LiveProcesses(s),
-      s.table_full, s.lock_repairs, s.procs_reaped, s.conns_reaped);
+      s.table_full, s.lock_repairs, s.lock_timeouts, s.procs_reaped,
+      s.conns_reaped);
   const char* sep = "";
   for (const KeySnapshot& k : SelectKeys(s, options)) {
     absl::StrAppendFormat(
@@ -288,6 +290,10 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
                "Times the zone was repaired after a process died holding "
                "its lock."},
               static_cast<double>(s.lock_repairs));
+  zone_metric({"trafficrate_lock_timeouts_total", "counter",
+               "Times a call gave up waiting for the zone lock (held too "
+               "long by another process) and passed through."},
+              static_cast<double>(s.lock_timeouts));
   const auto proc_metric = [&](const Metric& m, auto value_of) {
     AppendHeader(&out, m);
     for (const ProcSnapshot& p : s.processes) {
