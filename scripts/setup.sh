@@ -9,7 +9,7 @@ TRAFFICRATE_PACKAGES=(
   cmake ninja-build g++ clang-format git
   libabsl-dev libgtest-dev googletest
   python3 python3-pytest python3-prometheus-client
-  nginx curl iproute2 util-linux procps
+  nginx curl wrk iproute2 util-linux procps
 )
 
 trafficrate_install_packages() {

@@ -37,7 +37,8 @@ import sys
 from cli_tools import (key_stat, placed_ports, run_cli, stat_json,
                        wait_key_count)
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
-                     Measurement, bucket_rates, established, http_get,
+                     Measurement, PacedDownload, bucket_rates, established,
+                     http_get,
                      keepalive_get, open_keepalive, ports_by_worker,
                      probe_owner, run_downloads, socket_owners, within)
 # A private name, but tests connect from chosen source ports with it.
