@@ -237,7 +237,7 @@ inline size_t WriteWindow(uint8_t* base, absl::Span<const uint8_t> bytes) {
   return used;
 }
 
-// The whole zone lock's lock word, read as glibc keeps it.
+// A mutex's lock word (glibc's __lock: owner TID and futex bits).
 inline int& LockWord(pthread_mutex_t& mutex) { return mutex.__data.__lock; }
 
 inline void InitRobust(pthread_mutex_t* mutex) {
