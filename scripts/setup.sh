@@ -1,5 +1,6 @@
-# Sourced by scripts/demo.sh, scripts/test.sh and scripts/bench.sh: installs
-# what is missing on a fresh Debian 12 machine (as root) and builds.
+# Sourced by scripts/demo.sh, scripts/test.sh, scripts/bench.sh and
+# scripts/fuzz.sh: installs what is missing on a fresh Debian 12 machine (as
+# root) and builds.
 #
 #   source "$(dirname "$0")/setup.sh"
 #   trafficrate_install_packages
@@ -11,6 +12,10 @@ TRAFFICRATE_PACKAGES=(
   python3 python3-pytest python3-prometheus-client
   nginx curl wrk iproute2 util-linux procps
 )
+# Only for scripts/fuzz.sh: clang, and libFuzzer with the sanitizer runtimes
+# (libclang_rt.fuzzer-x86_64.a is in libclang-rt-14-dev, which clang only
+# recommends).
+TRAFFICRATE_FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 
 trafficrate_install_packages() {
   local missing=() pkg

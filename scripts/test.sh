@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: the unit tests
 # (plain, under AddressSanitizer + UndefinedBehaviorSanitizer, and the shared
-# zone and fd table tests under ThreadSanitizer), then the integration tests
-# against real servers in a private network namespace with a 1500-byte
-# loopback. Exits non-zero if anything fails.
+# zone and fd table tests under ThreadSanitizer), a minute of fuzzing
+# (scripts/fuzz.sh), then the integration tests against real servers in a
+# private network namespace with a 1500-byte loopback. Exits non-zero if
+# anything fails.
 #
 #   scripts/test.sh              everything
 #   scripts/test.sh --quick      plain unit tests and integration tests only
+#                                (no sanitizers, no fuzzing)
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 cd "$TRAFFICRATE_ROOT"
@@ -37,6 +39,11 @@ if ((!quick)); then
   TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -j2 \
     -R '^(ZoneTest|ZoneLayoutTest|ZoneLockTest|FdTableTest|GovernorTest|GovernorLockTest|SnapshotTest)\.'
+fi
+
+if ((!quick)); then
+  echo "== fuzz (60 s)"
+  scripts/fuzz.sh --seconds 60
 fi
 
 echo "== integration tests (private network namespace, lo mtu 1500)"
