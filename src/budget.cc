@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "src/clock.h"
+
 namespace trafficrate {
 namespace {
 
@@ -143,8 +145,24 @@ uint64_t LevelFor(const BudgetState& s, uint32_t active,
 }
 
 uint32_t ToBoost(double boost) {
+  if (!(boost == boost)) boost = 1;  // NaN: from figures no tick wrote
   return static_cast<uint32_t>(
       Clamp(boost, kMinBoost, (kBoostUnbound - 1.0) / kBoostOne) * kBoostOne);
+}
+
+// Conversions of figures computed from zone state, which may be anything:
+// saturated at the type's range, NaN as 0.
+int64_t SaturatingInt64(double v) {
+  if (!(v == v)) return 0;
+  if (v >= 9.2e18) return INT64_MAX;
+  if (v <= -9.2e18) return -INT64_MAX;
+  return static_cast<int64_t>(v);
+}
+
+uint64_t SaturatingUint64(double v) {
+  if (!(v > 0)) return 0;  // NaN too
+  if (v >= 1.8e19) return UINT64_MAX;
+  return static_cast<uint64_t>(v);
 }
 
 }  // namespace
@@ -157,7 +175,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   const uint32_t n = input.active > 0 ? input.active : 1;
   const uint32_t under_pace = std::min(input.under, n);
   next.packet_bytes = input.packet_bytes;
-  const int64_t dt_ns = input.now_ns - state.last_ns;
+  const int64_t dt_ns = ElapsedNs(input.now_ns, state.last_ns);
   if (state.last_ns == 0 || dt_ns > kBudgetMaxGapNs || dt_ns < 0 ||
       input.sent_bytes < state.sent_bytes) {
     // A fresh start: nothing banked, nothing owed, an equal split (a
@@ -197,7 +215,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     allowance = std::min(rate * kAllowanceNs / kNsPerSecF,
                          allowance + rate * kAllowanceRefill * dt / kNsPerSecF);
   }
-  const bool grace = input.now_ns - state.start_ns < kStartGraceNs;
+  const bool grace = ElapsedNs(input.now_ns, state.start_ns) < kStartGraceNs;
   if (balance < 0 && pending > 0) {
     const double forgiven =
         std::min({pending, grace ? pending : allowance, -balance, bytes});
@@ -207,8 +225,8 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     if (!grace) allowance -= forgiven;
   }
   pending *= std::exp(-dt / kPendingLapseNs);
-  next.start_allowance_bytes = static_cast<uint64_t>(std::max(0.0, allowance));
-  next.start_pending_bytes = static_cast<uint64_t>(pending);
+  next.start_allowance_bytes = SaturatingUint64(allowance);
+  next.start_pending_bytes = SaturatingUint64(pending);
   // While every connection is held back by its pacing the count's lumps
   // (packets sent in step, measured a little late) may go either way by
   // the band: what it shows banked within the band is kept too, or the
@@ -216,14 +234,14 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   const bool all_paced = under_pace == 0 && state.boost != kBoostUnbound;
   balance = Clamp(balance, -rate * kBudgetMaxDebtNs / kNsPerSecF,
                   all_paced ? burst + pace.band_bytes : burst);
-  next.balance_bytes = static_cast<int64_t>(balance);
+  next.balance_bytes = SaturatingInt64(balance);
   const double now_rate = bytes * kNsPerSecF / dt;
 
   const double alpha = 1 - std::exp(-dt / kMeasuredTauNs);
   const double measured =
       static_cast<double>(state.measured_bytes_per_sec) +
       (now_rate - static_cast<double>(state.measured_bytes_per_sec)) * alpha;
-  next.measured_bytes_per_sec = static_cast<uint64_t>(std::max(0.0, measured));
+  next.measured_bytes_per_sec = SaturatingUint64(measured);
 
   if (state.boost == kBoostUnbound) {
     if (measured >= kBindAbove * rate || balance < -burst / 2) {

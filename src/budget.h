@@ -186,8 +186,10 @@ BudgetState BudgetMembershipChange(const BudgetState& state,
 
 // Debt in bytes (>= 0) of a state.
 inline uint64_t BudgetDebtBytes(const BudgetState& state) {
-  return state.balance_bytes < 0 ? static_cast<uint64_t>(-state.balance_bytes)
-                                 : 0;
+  // Unsigned negation: defined for INT64_MIN too (zone state may be any).
+  return state.balance_bytes < 0
+             ? 0 - static_cast<uint64_t>(state.balance_bytes)
+             : 0;
 }
 
 // Whether a new level differs enough from the one applied to be worth a

@@ -19,6 +19,16 @@ inline int64_t MonotonicNowNs() {
   return static_cast<int64_t>(ts.tv_sec) * kNsPerSec + ts.tv_nsec;
 }
 
+// now - then, saturated at the int64_t range: `then` may come from the shared
+// zone, where any value can be.
+inline int64_t ElapsedNs(int64_t now, int64_t then) {
+  int64_t d = 0;
+  if (__builtin_sub_overflow(now, then, &d)) {
+    return now > then ? INT64_MAX : INT64_MIN;
+  }
+  return d;
+}
+
 // Sleeps for ns (not resumed after a signal: callers loop on a deadline).
 inline void SleepNs(int64_t ns) {
   if (ns <= 0) return;

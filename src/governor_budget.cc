@@ -466,7 +466,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
         StretchedDecideGapNs(
             static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4), cpu_));
   }
-  if (last != 0 && now_ns - last < every) return;
+  if (last != 0 && ElapsedNs(now_ns, last) < every) return;
   if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;
   BudgetState state = LoadBudget(key);
   if (state.last_ns != last) return;  // decided a moment ago elsewhere

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "src/budget.h"
 #include "src/clock.h"
+#include "src/config.h"
 #include "src/key_budget.h"
 #include "src/siphash.h"
 
@@ -840,9 +842,12 @@ void Zone::RepairLocked() {
 }
 
 BudgetSettings Zone::budget_settings() const {
-  return BudgetSettings{
-      header_->rate_bytes_per_sec.load(std::memory_order_relaxed),
-      burst_bytes()};
+  // Within what TRAFFICRATE_RATE and TRAFFICRATE_BURST accept: whatever the
+  // header holds, the controller's arithmetic stays defined.
+  return BudgetSettings{std::clamp<uint64_t>(header_->rate_bytes_per_sec.load(
+                                                 std::memory_order_relaxed),
+                                             1, kMaxRateBytesPerSec),
+                        std::min<uint64_t>(burst_bytes(), kMaxBurstBytes)};
 }
 
 void Zone::AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after) {

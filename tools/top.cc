@@ -116,8 +116,9 @@ std::vector<TopRow> TopRows(const ZoneSnapshot& now, const ZoneSnapshot* before,
     TopRow row{k, 0};
     const auto it = previous.find(k.key);
     if (seconds > 0 && it != previous.end() && k.bytes_sent >= it->second) {
+      const double rate = (k.bytes_sent - it->second) / seconds;
       row.bytes_per_sec =
-          static_cast<uint64_t>((k.bytes_sent - it->second) / seconds);
+          rate >= 1.8e19 ? UINT64_MAX : static_cast<uint64_t>(rate);
     }
     rows.push_back(row);
   }
@@ -137,7 +138,9 @@ std::vector<TopRow> TopRows(const ZoneSnapshot& now, const ZoneSnapshot* before,
 std::string TopBar(uint64_t bytes_per_sec, uint64_t limit, int width) {
   const double fill =
       limit > 0 ? static_cast<double>(bytes_per_sec) / limit : 0;
-  const int full = std::clamp(static_cast<int>(fill * width + 0.5), 0, width);
+  // Clamped as a double: a corrupt zone's rate may be any multiple of it.
+  const int full = static_cast<int>(
+      std::clamp(fill * width + 0.5, 0.0, static_cast<double>(width)));
   return absl::StrCat("[", std::string(full, '#'),
                       std::string(width - full, '.'), "]");
 }

@@ -39,34 +39,6 @@ void CheckSnapshot(const Zone& zone, const ZoneSnapshot& snap) {
   }
 }
 
-// Two known bugs of tools/top.cc (tests/fuzz/crashes/README.md), both
-// undefined conversions of a double: TopRows turns a key's bytes over the
-// interval into a rate as uint64_t even past 2^64 (a byte count that jumped,
-// in a corrupt zone), and TopBar turns rate / limit * width into int before
-// clamping it (a rate ~50 million times the limit: a tiny live rate, or two
-// key slots that format alike). Until they are fixed, `top` is shown without
-// the earlier snapshot when one of them would be hit: the same arithmetic,
-// done here first.
-bool TopRatesFit(const ZoneSnapshot& now, const ZoneSnapshot* before) {
-  if (NoWorkarounds() || before == nullptr) return true;
-  if (now.taken_ns <= before->taken_ns) return true;  // rates all 0
-  std::map<std::string, uint64_t> previous;
-  for (const KeySnapshot& k : before->keys) previous[k.key] = k.bytes_sent;
-  const double seconds =
-      static_cast<double>(now.taken_ns - before->taken_ns) / kNsPerSec;
-  for (const KeySnapshot& k : now.keys) {
-    const auto it = previous.find(k.key);
-    if (it == previous.end() || k.bytes_sent < it->second) continue;
-    const double rate = (k.bytes_sent - it->second) / seconds;
-    if (rate >= 1.8e19) return false;
-    if (now.rate_bytes_per_sec > 0 &&
-        rate / now.rate_bytes_per_sec * 40 > 1e9) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // The script: [0] --top (0: all), [1] --sort, [2..3] terminal columns and
 // rows for `top`, [4] which output.
 void Show(const ZoneSnapshot& snap, const ZoneSnapshot* before,
@@ -92,7 +64,7 @@ void Show(const ZoneSnapshot& snap, const ZoneSnapshot* before,
       break;
   }
   TRAFFICRATE_FUZZ_CHECK(!out.empty());
-  const ZoneSnapshot* earlier = TopRatesFit(snap, before) ? before : nullptr;
+  const ZoneSnapshot* earlier = before;
   const std::vector<TopRow> rows = TopRows(snap, earlier, options.top);
   TRAFFICRATE_FUZZ_CHECK(rows.size() <= options.top);
   (void)FormatTopFrame(snap, earlier, script[2], script[3]);
@@ -103,7 +75,6 @@ int FuzzOne(const uint8_t* data, size_t size) {
   const ZoneInput in = ParseZoneInput(data, size);
   std::unique_ptr<Zone> zone = BuildZone(in, name);
   if (zone == nullptr) return 0;
-  StepAroundDebtBug(*zone);
   absl::StatusOr<ZoneSnapshot> first = TakeSnapshot(*zone);
   if (!first.ok()) {
     TRAFFICRATE_FUZZ_CHECK(!first.status().message().empty());

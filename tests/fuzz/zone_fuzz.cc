@@ -43,37 +43,6 @@ class Script {
   size_t at_ = 0;
 };
 
-// Known bugs (tests/fuzz/crashes/README.md): BudgetTick trusts the state
-// and the live settings the zone holds, and some values make its
-// arithmetic undefined. Until that is fixed, such ticks are skipped: the
-// same arithmetic, checked here first.
-bool TickDefined(const BudgetState& s, const BudgetInput& in,
-                 const BudgetSettings& settings) {
-  if (NoWorkarounds()) return true;
-  constexpr uint64_t kHuge = uint64_t{1} << 62;
-  // A live rate of 0: the boost is 0 / 0, a NaN converted to uint32_t
-  // (budget.cc:235 and :287, in ToBoost, :147). A huge rate or burst: the
-  // balance converted to int64_t out of range (:219).
-  if (settings.rate_bytes_per_sec == 0 || settings.rate_bytes_per_sec > kHuge ||
-      settings.burst_bytes > kHuge) {
-    return false;
-  }
-  // Stored times far from now: signed overflow (:160, :215).
-  int64_t dt_ns = 0;
-  int64_t since_start_ns = 0;
-  if (__builtin_sub_overflow(in.now_ns, s.last_ns, &dt_ns) ||
-      __builtin_sub_overflow(in.now_ns, s.start_ns, &since_start_ns)) {
-    return false;
-  }
-  // A measured rate beyond uint64_t, converted to it (:225).
-  if (s.measured_bytes_per_sec > kHuge) return false;
-  if (dt_ns > 0 && in.sent_bytes >= s.sent_bytes &&
-      static_cast<double>(in.sent_bytes - s.sent_bytes) * 1e9 / dt_ns > 4e18) {
-    return false;
-  }
-  return true;
-}
-
 class Runner {
  public:
   explicit Runner(Zone& zone) : zone_(zone) {}
@@ -233,7 +202,6 @@ class Runner {
         zone_.SetRate((uint64_t{s.Next()} << 16) + 1);
         return;
       case kSnapshot: {
-        StepAroundDebtBug(zone_);
         absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(zone_);
         if (snap.ok()) {
           TRAFFICRATE_FUZZ_CHECK(snap->keys.size() <= zone_.key_capacity());
@@ -285,7 +253,6 @@ class Runner {
         active,           uint32_t{packet} << 8,
         UnderPaceOf(key), pending,
         kBudgetCountLagNs};
-    if (!TickDefined(state, input, settings)) return;
     state = BudgetTick(state, input, settings);
     TRAFFICRATE_FUZZ_CHECK(state.start_pending_bytes <= pending);
     key.start_pending.fetch_sub(pending - state.start_pending_bytes,
