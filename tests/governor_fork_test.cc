@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -241,6 +242,134 @@ TEST_F(GovernorTest,
   for (int i = 0; i < kSockets; ++i) {
     gov_->OnClose(server[i].load());
     close(server[i].load());
+    close(client[i]);
+  }
+  EXPECT_EQ(ConnsUsed(), 0u);
+  EXPECT_EQ(KeysUsed(), 0u);
+}
+
+// Host threads send on governed sockets and on duplicates of them while one
+// thread dup2()s sockets over spare fd numbers (replacing an older duplicate
+// there) and another closes the duplicates, as the interposers would. When
+// all duplicates are gone, every socket is registered once and the counts
+// match.
+TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
+  StartGovernor();
+  constexpr int kSockets = 4;
+  constexpr int kSpares = 4;
+  constexpr int kSenders = 2;
+  constexpr int64_t kRunNs = 300 * kNsPerMs;
+  constexpr int kMaxRounds = 100'000;
+  constexpr int kMaxSendRounds = 10'000'000;
+  const char* const kFrom[2] = {"127.0.0.2", "127.0.0.3"};
+  int server[kSockets];
+  int client[kSockets];
+  for (int i = 0; i < kSockets; ++i) {
+    const Conn c = Connect(kFrom[i % 2]);
+    ASSERT_GE(c.server, 0);
+    server[i] = c.server;
+    client[i] = c.client;
+  }
+  // Spare fd numbers, held open by plain sockets until a dup2 lands there.
+  int spare[kSpares];
+  for (int i = 0; i < kSpares; ++i) {
+    spare[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(spare[i], 0);
+  }
+  // dup2 and close of one spare number must not interleave (the host would
+  // not do both on one number at once either): one mutex per spare.
+  std::mutex spare_mu[kSpares];
+  std::atomic<bool> stop{false};
+  std::atomic<int> dups{0};
+  std::atomic<int> closes{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kSenders; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kMaxSendRounds && !stop.load(); ++round) {
+        const int n = (round + t) % (kSockets + kSpares);
+        const int fd = n < kSockets ? server[n] : spare[n - kSockets];
+        gov_->BeforeSend(fd);
+        gov_->AfterSend(fd, 1);
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int round = 0; round < kMaxRounds && !stop.load(); ++round) {
+      const int i = round % kSpares;
+      const int from = server[(round / kSpares) % kSockets];
+      std::lock_guard<std::mutex> hold(spare_mu[i]);
+      // The dup2 interposer (lib/interpose.cc, Replace).
+      const uint64_t detached = gov_->Detach(spare[i]);
+      if (dup2(from, spare[i]) < 0) {
+        gov_->Reattach(spare[i], detached);
+        failures.fetch_add(1);
+        break;
+      }
+      gov_->ReleaseDetached(detached);
+      gov_->OnDup(from, spare[i]);
+      dups.fetch_add(1);
+    }
+  });
+  threads.emplace_back([&] {
+    for (int round = 0; round < kMaxRounds && !stop.load(); ++round) {
+      const int i = (round * 3 + 1) % kSpares;
+      std::lock_guard<std::mutex> hold(spare_mu[i]);
+      // The close interposer, then a plain socket to hold the number.
+      gov_->OnClose(spare[i]);
+      close(spare[i]);
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) {
+        failures.fetch_add(1);
+        break;
+      }
+      if (fd != spare[i]) {
+        // Another thread's socket took the number: move ours there.
+        if (dup2(fd, spare[i]) < 0) failures.fetch_add(1);
+        close(fd);
+      }
+      closes.fetch_add(1);
+    }
+  });
+  const int64_t deadline = MonotonicNowNs() + kRunNs;
+  PollUntil([&] { return MonotonicNowNs() >= deadline; },
+            kRunNs + testing_util::kWaitNs);
+  stop.store(true);
+  for (std::thread& thread : threads) thread.join();
+  RecordProperty("dups", dups.load());
+  RecordProperty("closes", closes.load());
+  ASSERT_EQ(failures.load(), 0);
+  EXPECT_GT(dups.load(), 10);
+  EXPECT_GT(closes.load(), 10);
+  for (int i = 0; i < kSpares; ++i) {
+    gov_->OnClose(spare[i]);
+    close(spare[i]);
+  }
+  {
+    ZoneLock lock(*zone_, kWatcherLockWaitNs);
+    ASSERT_TRUE(lock.ok());
+    EXPECT_EQ(zone_->header().conns_used, uint32_t{kSockets});
+    for (int i = 0; i < kSockets; ++i) {
+      const uint64_t state = table_->Get(server[i])->state.load();
+      ASSERT_NE(state, 0u) << "socket " << i << " lost its registration";
+      const ConnSlotShm& c = zone_->conn(StateConn(state));
+      EXPECT_EQ(Zone::CookieOf(c.seq.load()), StateCookie(state));
+      EXPECT_EQ(c.proc_index.load(), gov_->proc_index());
+    }
+    std::vector<uint32_t> refs(zone_->key_capacity(), 0);
+    for (uint32_t c = 0; c < zone_->conn_capacity(); ++c) {
+      const ConnSlotShm& slot = zone_->conn(c);
+      if ((slot.seq.load() & 1) != 0) ++refs[slot.key_index.load()];
+    }
+    for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
+      const KeySlotShm& key = zone_->key(k);
+      if (!key.in_use.load()) continue;
+      EXPECT_EQ(key.refs.load(), refs[k]) << k;
+    }
+  }
+  for (int i = 0; i < kSockets; ++i) {
+    gov_->OnClose(server[i]);
+    close(server[i]);
     close(client[i]);
   }
   EXPECT_EQ(ConnsUsed(), 0u);
