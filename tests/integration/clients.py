@@ -36,7 +36,9 @@ from procs import wait_for
 
 def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
              rcvbuf=None):
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    v6 = ":" in host  # an IPv6 server address: so is the source
+    sock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET,
+                         socket.SOCK_STREAM)
     try:
         if rcvbuf is not None:  # before connect, so the window is sized by it
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -44,7 +46,7 @@ def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
         if source or source_port:
             if source_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((source or "0.0.0.0", source_port or 0))
+            sock.bind((source or ("::" if v6 else "0.0.0.0"), source_port or 0))
         sock.connect((host, port))
     except BaseException:
         sock.close()
@@ -53,6 +55,8 @@ def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
 
 
 def _request(path, host, port, keepalive):
+    if ":" in host:
+        host = "[%s]" % host  # an IPv6 address in a Host header
     return ("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: trafficrate-it\r\n"
             "Connection: %s\r\n\r\n" % (path, host, port,
                                         "keep-alive" if keepalive else "close")
