@@ -10,7 +10,7 @@ TRAFFICRATE_PACKAGES=(
   cmake ninja-build g++ clang-format git
   libabsl-dev libgtest-dev googletest
   python3 python3-pytest python3-prometheus-client
-  nginx curl wrk iproute2 util-linux procps
+  nginx curl wrk openssl iproute2 util-linux procps
 )
 # Only for scripts/fuzz.sh: clang, and libFuzzer with the sanitizer runtimes
 # (libclang_rt.fuzzer-x86_64.a is in libclang-rt-14-dev, which clang only

@@ -22,6 +22,7 @@ Standard library only; import it through harness (`import harness`).
 
 import array
 import bisect
+import hashlib
 import re
 import socket
 import struct
@@ -150,15 +151,18 @@ class Download(threading.Thread):
     stop() is called. Records (monotonic time, cumulative body bytes) after
     every recv; bytes_at()/rate() turn that into rates over any window. With
     repeat=True a finished response is followed by a new connection (for
-    unlimited downloads that may finish the file).
+    unlimited downloads that may finish the file). With digest=True the body
+    is hashed as it comes (self.digest, SHA-256 of the first self.total
+    bytes; one response only), for tests that check every byte.
     """
 
     RECV_SIZE = 256 * 1024
 
     def __init__(self, port, source=None, path=BIG_FILE, label=None,
                  start_at=None, stop_at=None, host=SERVER_HOST, repeat=False,
-                 recv_timeout=0.25, source_port=0):
+                 recv_timeout=0.25, source_port=0, digest=False):
         super().__init__(daemon=True)
+        self.digest = hashlib.sha256() if digest else None
         self.port, self.source, self.path, self.host = port, source, path, host
         self.source_port = source_port  # 0: any (see ports_by_worker)
         self.label = label or (source or "default")
@@ -220,6 +224,8 @@ class Download(threading.Thread):
                 raise RuntimeError("HTTP status %d" % self.status)
             if body:
                 self.total += len(body)
+                if self.digest is not None:
+                    self.digest.update(body)
                 self._note(time.monotonic())
             self._read_body(sock)
 
@@ -243,6 +249,8 @@ class Download(threading.Thread):
             return 0
         if self.first_byte_at is None:
             self.first_byte_at = now
+        if self.digest is not None:
+            self.digest.update(memoryview(buf)[:n])
         self.total += n
         self._note(now)
         return n
