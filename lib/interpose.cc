@@ -272,10 +272,26 @@ TRAFFICRATE_EXPORT ssize_t sendto(int fd, const void* buf, size_t len,
 }
 
 TRAFFICRATE_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
-  return trafficrate::Send(fd, [&]() -> ssize_t {
+  auto call = [&]() -> ssize_t {
     return g_real.sendmsg ? g_real.sendmsg(fd, msg, flags)
                           : syscall(SYS_sendmsg, fd, msg, flags);
-  });
+  };
+  // Passing fds (SCM_RIGHTS): governed sockets among them are published
+  // before they leave, so that the receiver finds them.
+  if (msg == nullptr || msg->msg_controllen == 0) {
+    return trafficrate::Send(fd, call);
+  }
+  trafficrate::Governor* gov = trafficrate::ActiveGovernor();
+  if (gov == nullptr) return call();
+  int published = 0;
+  trafficrate::AsLibrary(
+      gov, [&](trafficrate::Governor& g) { published = g.BeforePassFds(msg); });
+  const ssize_t sent = trafficrate::Send(fd, call);
+  if (published > 0) {
+    trafficrate::AsLibrary(
+        gov, [&](trafficrate::Governor& g) { g.AfterPassFds(msg, sent >= 0); });
+  }
+  return sent;
 }
 
 TRAFFICRATE_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
@@ -286,15 +302,60 @@ TRAFFICRATE_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
                            : syscall(SYS_sendmmsg, fd, msgs, vlen, flags);
   };
   if (gov == nullptr) return call();
-  trafficrate::AsLibrary(gov,
-                         [fd](trafficrate::Governor& g) { g.BeforeSend(fd); });
+  // Bounded: the kernel takes at most UIO_MAXIOV (1024) messages per call.
+  const unsigned int n = msgs != nullptr ? (vlen < 1024 ? vlen : 1024) : 0;
+  int published = 0;
+  trafficrate::AsLibrary(gov, [&](trafficrate::Governor& g) {
+    for (unsigned int i = 0; i < n; ++i) {
+      if (msgs[i].msg_hdr.msg_controllen != 0) {
+        published += g.BeforePassFds(&msgs[i].msg_hdr);
+      }
+    }
+    g.BeforeSend(fd);
+  });
   const int sent = call();
   trafficrate::AsLibrary(gov, [&](trafficrate::Governor& g) {
     ssize_t bytes = 0;
     for (int i = 0; i < sent; ++i) bytes += msgs[i].msg_len;
     g.AfterSend(fd, bytes);
+    // The messages after the last one sent did not leave.
+    for (unsigned int i = sent > 0 ? static_cast<unsigned int>(sent) : 0;
+         published > 0 && i < n; ++i) {
+      if (msgs[i].msg_hdr.msg_controllen != 0) {
+        g.AfterPassFds(&msgs[i].msg_hdr, /*sent=*/false);
+      }
+    }
   });
   return sent;
+}
+
+TRAFFICRATE_EXPORT ssize_t recvmsg(int fd, msghdr* msg, int flags) {
+  const ssize_t r = g_real.recvmsg ? g_real.recvmsg(fd, msg, flags)
+                                   : syscall(SYS_recvmsg, fd, msg, flags);
+  if (r < 0 || msg == nullptr || msg->msg_controllen == 0) return r;
+  if (trafficrate::Governor* gov = trafficrate::ActiveGovernor()) {
+    trafficrate::AsLibrary(
+        gov, [msg](trafficrate::Governor& g) { g.OnReceivedFds(msg); });
+  }
+  return r;
+}
+
+TRAFFICRATE_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
+                                int flags, timespec* timeout) {
+  const int r = g_real.recvmmsg
+                    ? g_real.recvmmsg(fd, msgs, vlen, flags, timeout)
+                    : syscall(SYS_recvmmsg, fd, msgs, vlen, flags, timeout);
+  if (r <= 0 || msgs == nullptr) return r;
+  if (trafficrate::Governor* gov = trafficrate::ActiveGovernor()) {
+    trafficrate::AsLibrary(gov, [&](trafficrate::Governor& g) {
+      for (int i = 0; i < r; ++i) {
+        if (msgs[i].msg_hdr.msg_controllen != 0) {
+          g.OnReceivedFds(&msgs[i].msg_hdr);
+        }
+      }
+    });
+  }
+  return r;
 }
 
 TRAFFICRATE_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset,

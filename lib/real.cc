@@ -52,6 +52,8 @@ int ResolveRealFunctions() {
   missing += !Resolve("sendfile", &r.sendfile);
   missing += !Resolve("sendfile64", &r.sendfile64);
   missing += !Resolve("splice", &r.splice);
+  missing += !Resolve("recvmsg", &r.recvmsg);
+  missing += !Resolve("recvmmsg", &r.recvmmsg);
   g_real = r;
   return missing;
 }

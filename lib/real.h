@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 
 namespace trafficrate {
 
@@ -36,6 +37,8 @@ struct RealFunctions {
   ssize_t (*sendfile)(int, int, off_t*, size_t);
   ssize_t (*sendfile64)(int, int, off64_t*, size_t);
   ssize_t (*splice)(int, loff_t*, int, loff_t*, size_t, unsigned int);
+  ssize_t (*recvmsg)(int, msghdr*, int);
+  int (*recvmmsg)(int, mmsghdr*, unsigned int, int, timespec*);
 };
 
 // Constant-initialized to null; filled by ResolveRealFunctions().

@@ -4,6 +4,7 @@
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -244,6 +245,11 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
     }
     return;
   }
+  Adopt(fd, entry, conn, cookie, now);
+}
+
+void Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
+                     int64_t now) {
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
   entry.visit_tick.store(0, std::memory_order_relaxed);
@@ -472,7 +478,10 @@ void Governor::Release(uint64_t state) {
       return;
     }
     if (!ConnValid(conn, state) ||
-        conn.proc_index.load(std::memory_order_relaxed) != me) {
+        conn.proc_index.load(std::memory_order_relaxed) != me ||
+        zone_->HandoffPendingLocked(index, StateCookie(state))) {
+      // Passed to another process and not received yet: its receiver
+      // takes the registration over (or ExpireHandoffs ends it).
       return;
     }
     push = DeregisterLocked(index);
@@ -516,7 +525,8 @@ void Governor::FinishDeferredReleases() {
       if (index >= zone_->conn_capacity()) continue;
       const ConnSlotShm& conn = zone_->conn(index);
       if (ConnValid(conn, state) &&
-          conn.proc_index.load(std::memory_order_relaxed) == me) {
+          conn.proc_index.load(std::memory_order_relaxed) == me &&
+          !zone_->HandoffPendingLocked(index, StateCookie(state))) {
         push |= DeregisterLocked(index);
       }
     }
@@ -610,6 +620,152 @@ void Governor::OnDup(int oldfd, int newfd) {
                     std::memory_order_relaxed);
   to->state.store(state, std::memory_order_release);
   table_->NoteTracked(newfd);
+}
+
+namespace {
+
+// Calls f(fd) for every fd in msg's SCM_RIGHTS control messages, reading
+// nothing outside msg_control (a sender's buffer may be malformed: the
+// kernel refuses it, but this runs before the call).
+template <typename F>
+void ForEachPassedFd(const msghdr* msg, F f) {
+  if (msg == nullptr || msg->msg_control == nullptr ||
+      msg->msg_controllen < sizeof(cmsghdr)) {
+    return;
+  }
+  msghdr copy = *msg;  // the CMSG macros take a non-const msghdr
+  const auto* end =
+      static_cast<const unsigned char*>(msg->msg_control) + msg->msg_controllen;
+  int count = 0;  // bounded: the kernel takes at most 253 fds per message
+  for (cmsghdr* c = CMSG_FIRSTHDR(&copy); c != nullptr && count < 1024;
+       c = CMSG_NXTHDR(&copy, c)) {
+    if (c->cmsg_len < CMSG_LEN(0)) break;
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const unsigned char* data = CMSG_DATA(c);
+    const size_t room = data <= end ? static_cast<size_t>(end - data) : 0;
+    const size_t bytes = std::min<size_t>(c->cmsg_len - CMSG_LEN(0), room);
+    for (size_t i = 0; i + sizeof(int) <= bytes && count < 1024;
+         i += sizeof(int), ++count) {
+      int fd;
+      std::memcpy(&fd, data + i, sizeof(fd));
+      f(fd);
+    }
+  }
+}
+
+// The inode of the socket behind fd; 0 if fd is not a socket.
+uint64_t SocketInode(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+}  // namespace
+
+int Governor::BeforePassFds(const msghdr* msg) {
+  if (local_ == nullptr || zone_->corrupt()) return 0;
+  int published = 0;
+  bool full = false;
+  ForEachPassedFd(msg, [&](int fd) {
+    FdEntry* entry = table_->Get(fd);
+    if (entry == nullptr) return;
+    const uint64_t state = entry->state.load(std::memory_order_acquire);
+    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+    const uint64_t inode = SocketInode(fd);
+    if (inode == 0) return;
+    const uint32_t index = StateConn(state);
+    ZoneLock lock(*zone_);
+    if (!lock.ok() || !ConnValid(zone_->conn(index), state)) return;
+    if (zone_->PublishHandoffLocked(inode, index, StateCookie(state),
+                                    watcher_.proc_index(), MonotonicNowNs())) {
+      ++published;
+    } else {
+      full = true;
+    }
+  });
+  if (full && Logger::Allow(last_handoff_log_ns_, MonotonicNowNs())) {
+    logger_->Logf(
+        "zone %s: too many sockets passed between processes and not yet "
+        "received (%u); the ones passed now are not governed by their "
+        "receiver",
+        zone_->name().c_str(), kHandoffSlots);
+  }
+  return published;
+}
+
+void Governor::AfterPassFds(const msghdr* msg, bool sent) {
+  if (sent || local_ == nullptr) return;
+  const uint32_t me = watcher_.proc_index();
+  ForEachPassedFd(msg, [&](int fd) {
+    const uint64_t inode = SocketInode(fd);
+    if (inode == 0 || !zone_->MayHaveHandoff(inode)) return;
+    ZoneLock lock(*zone_);
+    if (lock.ok()) zone_->WithdrawHandoffLocked(inode, me);
+  });
+}
+
+void Governor::OnReceivedFds(const msghdr* msg) {
+  if (local_ == nullptr) return;
+  ForEachPassedFd(msg, [this](int fd) { ReceiveFd(fd); });
+}
+
+void Governor::ReceiveFd(int fd) {
+  FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr) return;
+  // Still tracked: the host closed the old socket behind our back.
+  if (entry->state.load(std::memory_order_relaxed) != 0) {
+    Release(FdTable::Untrack(*entry));
+  }
+  if (zone_->corrupt()) return;
+  const uint64_t inode = SocketInode(fd);
+  if (inode == 0 || !zone_->MayHaveHandoff(inode)) return;
+  const uint32_t me = EnsureProc();
+  if (me == kNoSlot) return;
+  uint32_t conn = kNoSlot;
+  uint32_t cookie = 0;
+  {
+    ZoneLock lock(*zone_);
+    if (!lock.ok()) {
+      // Registered afresh at its next send; the sender's handoff expires.
+      MarkPending(fd, *entry);
+      return;
+    }
+    conn = zone_->TakeHandoffLocked(inode, &cookie);
+    // From now on this process paces and expires it, and its close (not
+    // the sender's) ends the registration.
+    if (conn != kNoSlot) zone_->TransferConnLocked(conn, me, fd);
+  }
+  if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs());
+}
+
+void Governor::ExpireHandoffs(int64_t now_ns) {
+  const uint32_t me = watcher_.proc_index();
+  const int64_t before = now_ns - kHandoffExpiryNs;
+  if (me == kNoSlot || local_ == nullptr ||
+      !zone_->HasOldHandoffs(me, before)) {
+    return;
+  }
+  bool push = false;
+  {
+    ZoneLock lock(*zone_, kWatcherLockWaitNs);
+    if (!lock.ok()) return;  // next loop
+    uint64_t expired[kHandoffSlots];
+    const uint32_t n =
+        zone_->ExpireHandoffsLocked(me, before, expired, kHandoffSlots);
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint32_t index = static_cast<uint32_t>(expired[i] >> 32);
+      const uint32_t cookie = static_cast<uint32_t>(expired[i]);
+      if (index >= zone_->conn_capacity()) continue;
+      const ConnSlotShm& conn = zone_->conn(index);
+      const uint64_t refs = local_[index].refs.load(std::memory_order_relaxed);
+      const bool held = (refs >> 32) == cookie && (refs & 0xffffffffu) > 0;
+      if (Zone::CookieOf(conn.seq.load(std::memory_order_relaxed)) == cookie &&
+          conn.proc_index.load(std::memory_order_relaxed) == me && !held) {
+        push |= DeregisterLocked(index);
+      }
+    }
+  }
+  if (push) zone_->WakeWatchers();
 }
 
 void Governor::AfterForkChild() {
@@ -774,6 +930,7 @@ bool Governor::CheckZone(int64_t now_ns) {
   } else {
     stalled_checks_ = 0;
     FinishDeferredReleases();
+    ExpireHandoffs(now_ns);
     if (now_ns < next_zone_check_ns_) return true;
   }
   next_zone_check_ns_ = now_ns + kNsPerSec;

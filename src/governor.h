@@ -89,6 +89,24 @@ class Governor {
   void OnCloseRange(unsigned int first, unsigned int last);
   // After newfd became a duplicate of oldfd (dup, dup2, dup3, F_DUPFD).
   void OnDup(int oldfd, int newfd);
+  // Sockets passed between processes over Unix sockets (SCM_RIGHTS).
+  // Before a sendmsg carrying fds: each governed connection among them is
+  // published in the zone (Zone::PublishHandoffLocked), so that its
+  // receiver takes the registration over, and this process's close of its
+  // copy does not end it meanwhile. Returns how many were published.
+  int BeforePassFds(const msghdr* msg);
+  // After that sendmsg, if it failed (sent false) and any was published:
+  // withdraws them.
+  void AfterPassFds(const msghdr* msg, bool sent);
+  // After a recvmsg that received fds: each socket a governed process
+  // passed is governed here from now on, counted once (its registration
+  // moves to this process). Sockets nobody published (a proxy's upstream
+  // connection, a socket from a process without the library) are left
+  // alone.
+  void OnReceivedFds(const msghdr* msg);
+  // Unreceived handoffs expire after this long: their sender then ends
+  // the registrations it no longer holds an fd of.
+  static constexpr int64_t kHandoffExpiryNs = 2'000'000'000;
   // In the child, after fork: the watcher thread did not survive.
   void AfterForkChild();
   // After epoll_create/epoll_create1 returned epfd. A socket kept open
@@ -150,6 +168,15 @@ class Governor {
   // A registration that could not be made (zone lock stalled, watcher not
   // started yet): the fd's next send retries it (RetryRegister).
   void MarkPending(int fd, FdEntry& entry);
+  // Makes fd an fd of this process on connection conn (cookie), whose
+  // registration this process owns now (Register, OnReceivedFds).
+  void Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
+             int64_t now_ns);
+  // One received fd (OnReceivedFds).
+  void ReceiveFd(int fd);
+  // The watcher: ends the registrations of connections this process passed
+  // that nobody received in time, unless it still has an fd of them.
+  void ExpireHandoffs(int64_t now_ns);
   void RetryRegister(int fd, FdEntry& entry);
   // Deregisters a connection of this process; true if its key still has
   // senders to push to.
@@ -328,6 +355,7 @@ class Governor {
   mutable std::atomic<int64_t> last_lock_log_ns_{0};
   mutable std::atomic<int64_t> last_full_log_ns_{0};
   mutable std::atomic<int64_t> last_fd_log_ns_{0};
+  mutable std::atomic<int64_t> last_handoff_log_ns_{0};
 };
 
 }  // namespace trafficrate

@@ -501,7 +501,9 @@ bool Governor::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
   if (!ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed) ||
       conn.proc_index.load(std::memory_order_relaxed) !=
           watcher_.proc_index() ||
-      (local_[index].refs.load(std::memory_order_relaxed) & 0xffffffffu) != 1) {
+      (local_[index].refs.load(std::memory_order_relaxed) & 0xffffffffu) != 1 ||
+      zone_->MayBeHandedOff(index, StateCookie(state))) {
+    // Passed to another process, which sends the rest (Release keeps it).
     return false;
   }
   const int64_t unsent = Unsent(fd);

@@ -676,6 +676,131 @@ void Zone::TransferConnLocked(uint32_t conn_index, uint32_t proc_index,
   c.fd.store(fd, std::memory_order_relaxed);
 }
 
+namespace {
+
+// A handoff this old (or dated this far ahead) is free for another: its
+// sender's watcher expires its own after 2 s.
+constexpr int64_t kHandoffStaleNs = 10 * kNsPerSec;
+
+void ClearHandoff(HandoffSlotShm& slot) {
+  slot.inode.store(0, std::memory_order_relaxed);
+  slot.conn.store(kNoSlot, std::memory_order_relaxed);
+  slot.cookie.store(0, std::memory_order_relaxed);
+  slot.proc.store(kNoSlot, std::memory_order_relaxed);
+  slot.since_ns.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+bool Zone::PublishHandoffLocked(uint64_t inode, uint32_t conn, uint32_t cookie,
+                                uint32_t proc, int64_t now_ns) {
+  if (inode == 0 || conn >= conn_capacity()) return false;
+  HandoffSlotShm* free_slot = nullptr;
+  for (HandoffSlotShm& slot : header_->handoffs) {
+    const uint64_t held = slot.inode.load(std::memory_order_relaxed);
+    if (held == inode) {  // passed again (to another process, or onward)
+      free_slot = &slot;
+      break;
+    }
+    // Free, or beyond any use: no process of the zone would ever clear it
+    // (its sender expires its own after kHandoffStaleNs at most; anything
+    // else was written by something other than this library).
+    const int64_t since = slot.since_ns.load(std::memory_order_relaxed);
+    const bool stale =
+        held == 0 ||
+        slot.proc.load(std::memory_order_relaxed) >= proc_capacity() ||
+        slot.conn.load(std::memory_order_relaxed) >= conn_capacity() ||
+        since > now_ns + kHandoffStaleNs || since < now_ns - kHandoffStaleNs;
+    if (stale && free_slot == nullptr) free_slot = &slot;
+  }
+  if (free_slot == nullptr) return false;
+  free_slot->conn.store(conn, std::memory_order_relaxed);
+  free_slot->cookie.store(cookie, std::memory_order_relaxed);
+  free_slot->proc.store(proc, std::memory_order_relaxed);
+  free_slot->since_ns.store(now_ns, std::memory_order_relaxed);
+  free_slot->inode.store(inode, std::memory_order_release);
+  return true;
+}
+
+uint32_t Zone::TakeHandoffLocked(uint64_t inode, uint32_t* cookie) {
+  if (inode == 0) return kNoSlot;
+  for (HandoffSlotShm& slot : header_->handoffs) {
+    if (slot.inode.load(std::memory_order_relaxed) != inode) continue;
+    const uint32_t conn = slot.conn.load(std::memory_order_relaxed);
+    const uint32_t passed = slot.cookie.load(std::memory_order_relaxed);
+    ClearHandoff(slot);
+    if (conn >= conn_capacity()) return kNoSlot;
+    const uint32_t seq = conns_[conn].seq.load(std::memory_order_relaxed);
+    // Ended meanwhile (reaped, or expired by its sender): nothing to take.
+    if ((seq & 1) == 0 || CookieOf(seq) != passed) return kNoSlot;
+    *cookie = passed;
+    return conn;
+  }
+  return kNoSlot;
+}
+
+void Zone::WithdrawHandoffLocked(uint64_t inode, uint32_t proc) {
+  for (HandoffSlotShm& slot : header_->handoffs) {
+    if (inode != 0 && slot.inode.load(std::memory_order_relaxed) == inode &&
+        slot.proc.load(std::memory_order_relaxed) == proc) {
+      ClearHandoff(slot);
+    }
+  }
+}
+
+bool Zone::HandoffPendingLocked(uint32_t conn, uint32_t cookie) const {
+  return MayBeHandedOff(conn, cookie);
+}
+
+uint32_t Zone::ExpireHandoffsLocked(uint32_t proc, int64_t before_ns,
+                                    uint64_t* out, uint32_t max) {
+  uint32_t n = 0;
+  for (HandoffSlotShm& slot : header_->handoffs) {
+    if (slot.inode.load(std::memory_order_relaxed) == 0 ||
+        slot.proc.load(std::memory_order_relaxed) != proc ||
+        slot.since_ns.load(std::memory_order_relaxed) >= before_ns) {
+      continue;
+    }
+    if (n < max) {
+      out[n++] = uint64_t{slot.conn.load(std::memory_order_relaxed)} << 32 |
+                 slot.cookie.load(std::memory_order_relaxed);
+    }
+    ClearHandoff(slot);
+  }
+  return n;
+}
+
+bool Zone::MayHaveHandoff(uint64_t inode) const {
+  for (const HandoffSlotShm& slot : header_->handoffs) {
+    if (inode != 0 && slot.inode.load(std::memory_order_acquire) == inode) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Zone::HasOldHandoffs(uint32_t proc, int64_t before_ns) const {
+  for (const HandoffSlotShm& slot : header_->handoffs) {
+    if (slot.inode.load(std::memory_order_relaxed) != 0 &&
+        slot.proc.load(std::memory_order_relaxed) == proc &&
+        slot.since_ns.load(std::memory_order_relaxed) < before_ns) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Zone::MayBeHandedOff(uint32_t conn, uint32_t cookie) const {
+  for (const HandoffSlotShm& slot : header_->handoffs) {
+    if (slot.inode.load(std::memory_order_relaxed) != 0 &&
+        slot.conn.load(std::memory_order_relaxed) == conn &&
+        slot.cookie.load(std::memory_order_relaxed) == cookie) {
+      return true;
+    }
+  }
+  return false;
+}
+
 uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
                                HeldMutex* liveness) {
   for (uint32_t i = 0; i < proc_capacity(); ++i) {
@@ -726,6 +851,12 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
         c.proc_index.load(std::memory_order_relaxed) == proc_index) {
       DeregisterConnLocked(i);
       ++reaped;
+    }
+  }
+  // Its sockets passed and not yet received: their connections are gone.
+  for (HandoffSlotShm& slot : header_->handoffs) {
+    if (slot.proc.load(std::memory_order_relaxed) == proc_index) {
+      ClearHandoff(slot);
     }
   }
   p.pid.store(0, std::memory_order_relaxed);

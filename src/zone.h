@@ -162,6 +162,30 @@ class Zone {
   // Leaves, then frees the connection, and its key once unused.
   bool DeregisterConnLocked(uint32_t conn_index);
   void TransferConnLocked(uint32_t conn_index, uint32_t proc_index, int fd);
+  // Sockets passed between processes (HandoffSlotShm). A sender publishes
+  // a governed connection before the socket leaves it; the receiver takes
+  // it over by the socket's inode. REQUIRES (Locked): zone lock held.
+  //
+  // Notes that proc passes connection conn (cookie), whose socket has
+  // `inode`; false if every slot holds another pending handoff.
+  bool PublishHandoffLocked(uint64_t inode, uint32_t conn, uint32_t cookie,
+                            uint32_t proc, int64_t now_ns);
+  // Takes the handoff of socket `inode`: its connection slot (and *cookie),
+  // if that connection is still the one passed; else kNoSlot.
+  uint32_t TakeHandoffLocked(uint64_t inode, uint32_t* cookie);
+  // Withdraws proc's handoff of `inode` (the send failed).
+  void WithdrawHandoffLocked(uint64_t inode, uint32_t proc);
+  // Whether connection conn (cookie) is passed and not yet received.
+  bool HandoffPendingLocked(uint32_t conn, uint32_t cookie) const;
+  // Removes proc's handoffs made before before_ns; stores up to `max` of
+  // them as (conn << 32 | cookie) in out. Returns how many it stored.
+  uint32_t ExpireHandoffsLocked(uint32_t proc, int64_t before_ns, uint64_t* out,
+                                uint32_t max);
+  // Lock-free peeks: whether a handoff of `inode` may be waiting; whether
+  // proc has one made before before_ns; whether conn (cookie) may be passed.
+  bool MayHaveHandoff(uint64_t inode) const;
+  bool HasOldHandoffs(uint32_t proc, int64_t before_ns) const;
+  bool MayBeHandedOff(uint32_t conn, uint32_t cookie) const;
   // Budget mode, lock-free, by the connection's owner: whether it sends
   // less than its pacing allows (KeySlotShm::under_pace). Only an active
   // connection is counted; a leave takes it off the count.

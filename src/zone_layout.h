@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 6;
+inline constexpr uint32_t kZoneLayoutVersion = 7;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -97,6 +97,20 @@ struct ConnSlotShm {
   std::atomic<uint64_t> drain_bytes;
 };
 
+// A governed connection's socket passed to another process (sendmsg with
+// SCM_RIGHTS) and not yet received: the receiver finds it by the socket's
+// inode and takes the registration over. All fields are written under the
+// zone lock; a receiver peeks at `inode` without it.
+struct HandoffSlotShm {
+  std::atomic<uint64_t> inode;   // the socket's st_ino; 0: free
+  std::atomic<uint32_t> conn;    // connection slot
+  std::atomic<uint32_t> cookie;  // its cookie when passed (Zone::CookieOf)
+  std::atomic<uint32_t> proc;    // the sender's process slot
+  uint32_t reserved;
+  std::atomic<int64_t> since_ns;  // CLOCK_MONOTONIC when passed
+};
+inline constexpr uint32_t kHandoffSlots = 32;
+
 enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
 
 struct ProcSlotShm {
@@ -163,6 +177,8 @@ struct ZoneHeaderShm {
   // through, and the next server started replaces the zone.
   std::atomic<uint32_t> corrupt;
   uint8_t reserved1[68];
+  // Sockets passed between processes and not yet received.
+  HandoffSlotShm handoffs[kHandoffSlots];
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -174,8 +190,10 @@ static_assert(std::is_standard_layout_v<ConnSlotShm> &&
               sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&
               sizeof(ProcSlotShm) == 64);
+static_assert(std::is_standard_layout_v<HandoffSlotShm> &&
+              sizeof(HandoffSlotShm) == 32);
 static_assert(std::is_standard_layout_v<ZoneHeaderShm> &&
-              sizeof(ZoneHeaderShm) == 320);
+              sizeof(ZoneHeaderShm) == 1344);
 
 }  // namespace trafficrate
 

@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 6u);
+  EXPECT_EQ(kZoneLayoutVersion, 7u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -25,7 +25,7 @@ TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
 }
 
 TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ZoneHeaderShm), 320u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm), 1344u);
   EXPECT_EQ(alignof(ZoneHeaderShm), 8u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, magic), 0u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, layout_version), 8u);
@@ -66,6 +66,19 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, corrupt), 248u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 252u);
   EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 68u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, handoffs), 320u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::handoffs), 32u * kHandoffSlots);
+  EXPECT_EQ(kHandoffSlots, 32u);
+}
+
+TEST(ZoneLayoutTest, HandoffSlotShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(HandoffSlotShm), 32u);
+  EXPECT_EQ(offsetof(HandoffSlotShm, inode), 0u);
+  EXPECT_EQ(offsetof(HandoffSlotShm, conn), 8u);
+  EXPECT_EQ(offsetof(HandoffSlotShm, cookie), 12u);
+  EXPECT_EQ(offsetof(HandoffSlotShm, proc), 16u);
+  EXPECT_EQ(offsetof(HandoffSlotShm, reserved), 20u);
+  EXPECT_EQ(offsetof(HandoffSlotShm, since_ns), 24u);
 }
 
 TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
@@ -199,6 +212,13 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, header_checksum);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_timeouts);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, corrupt);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs);
+  fp.Add(sizeof(HandoffSlotShm));
+  TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, inode);
+  TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, conn);
+  TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, cookie);
+  TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, proc);
+  TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, since_ns);
   fp.Add(sizeof(KeySlotShm));
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, key);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, next);
@@ -261,6 +281,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
                                    // budget_aux, conn
       {5, 0x7864305c3c913aceULL},  // process watcher_cpu, watcher_stretch
       {6, 0xa8eba82a77627faaULL},  // header checksum, lock_timeouts, corrupt
+      {7, 0xcb5af2b0618510c5ULL},  // header handoffs (passed sockets)
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -345,19 +366,19 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 3970u);
-  EXPECT_EQ(g.conn_capacity, 3970u);
-  EXPECT_EQ(g.proc_capacity, 992u);
+  EXPECT_EQ(g.key_capacity, 3966u);
+  EXPECT_EQ(g.conn_capacity, 3966u);
+  EXPECT_EQ(g.proc_capacity, 991u);
   EXPECT_EQ(g.bucket_count, 4096u);
-  EXPECT_EQ(g.buckets_offset, 320u);
-  EXPECT_EQ(g.keys_offset, 16704u);
+  EXPECT_EQ(g.buckets_offset, 1344u);
+  EXPECT_EQ(g.keys_offset, 17728u);
 }
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 247u);
-  EXPECT_EQ(g.conn_capacity, 247u);
-  EXPECT_EQ(g.proc_capacity, 61u);
+  EXPECT_EQ(g.key_capacity, 243u);
+  EXPECT_EQ(g.conn_capacity, 243u);
+  EXPECT_EQ(g.proc_capacity, 60u);
   EXPECT_EQ(g.bucket_count, 256u);
 }
 

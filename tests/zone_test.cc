@@ -636,5 +636,83 @@ TEST_F(ZoneTest, FullConnectionTableReturnsNoSlotAndRecovers) {
   EXPECT_EQ(zone->proc(0).conns.load(), 0u);
 }
 
+// Passed sockets: the handoff table in the header.
+TEST_F(ZoneTest, HandoffIsTakenOnceByInodeWhileItsConnectionLives) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  const uint32_t c = RegisterLocked(*zone, 1, 0);
+  ASSERT_NE(c, kNoSlot);
+  const uint32_t cookie = Zone::CookieOf(zone->conn(c).seq.load());
+  EXPECT_FALSE(zone->MayHaveHandoff(77));
+  ASSERT_TRUE(zone->PublishHandoffLocked(77, c, cookie, 0, 1000));
+  EXPECT_TRUE(zone->MayHaveHandoff(77));
+  EXPECT_FALSE(zone->MayHaveHandoff(78));
+  EXPECT_TRUE(zone->HandoffPendingLocked(c, cookie));
+  EXPECT_FALSE(zone->HandoffPendingLocked(c, cookie + 1));
+  uint32_t got = 0;
+  EXPECT_EQ(zone->TakeHandoffLocked(78, &got), kNoSlot);
+  EXPECT_EQ(zone->TakeHandoffLocked(77, &got), c);
+  EXPECT_EQ(got, cookie);
+  EXPECT_EQ(zone->TakeHandoffLocked(77, &got), kNoSlot) << "taken once";
+  EXPECT_FALSE(zone->HandoffPendingLocked(c, cookie));
+  // A connection that ended meanwhile is not handed over.
+  ASSERT_TRUE(zone->PublishHandoffLocked(77, c, cookie, 0, 1000));
+  zone->DeregisterConnLocked(c);
+  EXPECT_EQ(zone->TakeHandoffLocked(77, &got), kNoSlot);
+  EXPECT_FALSE(zone->MayHaveHandoff(77)) << "and the slot is freed";
+  // Inode 0 (no socket) and a slot index beyond the table are refused.
+  EXPECT_FALSE(zone->PublishHandoffLocked(0, c, cookie, 0, 1000));
+  EXPECT_FALSE(
+      zone->PublishHandoffLocked(5, zone->conn_capacity(), cookie, 0, 1000));
+}
+
+TEST_F(ZoneTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  const uint32_t a = RegisterLocked(*zone, 1, 0);
+  const uint32_t b = RegisterLocked(*zone, 2, 1);
+  ASSERT_TRUE(zone->PublishHandoffLocked(10, a, 1, 0, 1000));
+  ASSERT_TRUE(zone->PublishHandoffLocked(11, b, 1, 1, 1000));
+  zone->WithdrawHandoffLocked(10, 1);
+  EXPECT_TRUE(zone->MayHaveHandoff(10)) << "only its sender withdraws it";
+  zone->WithdrawHandoffLocked(10, 0);
+  EXPECT_FALSE(zone->MayHaveHandoff(10));
+  ASSERT_TRUE(zone->PublishHandoffLocked(10, a, 1, 0, 5000));
+  EXPECT_FALSE(zone->HasOldHandoffs(0, 5000));
+  EXPECT_TRUE(zone->HasOldHandoffs(0, 5001));
+  uint64_t out[kHandoffSlots];
+  EXPECT_EQ(zone->ExpireHandoffsLocked(0, 5000, out, kHandoffSlots), 0u);
+  ASSERT_EQ(zone->ExpireHandoffsLocked(0, 5001, out, kHandoffSlots), 1u);
+  EXPECT_EQ(out[0], uint64_t{a} << 32 | 1);
+  EXPECT_FALSE(zone->MayHaveHandoff(10));
+  EXPECT_TRUE(zone->MayHaveHandoff(11)) << "another process's stays";
+}
+
+TEST_F(ZoneTest, HandoffTableFullRefusesThenReusesStaleOrGarbageSlots) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  const uint32_t c = RegisterLocked(*zone, 1, 0);
+  const int64_t now = 100 * kNsPerSec;
+  for (uint64_t i = 0; i < kHandoffSlots; ++i) {
+    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, c, 1, 0, now));
+  }
+  EXPECT_FALSE(zone->PublishHandoffLocked(999, c, 1, 0, now)) << "full";
+  EXPECT_TRUE(zone->PublishHandoffLocked(100, c, 1, 0, now)) << "the same one";
+  // Garbage (a slot naming no process) and a slot dated far ahead are free
+  // for others; so is one left for far longer than any sender keeps it.
+  zone->header().handoffs[3].proc.store(kNoSlot);
+  EXPECT_TRUE(zone->PublishHandoffLocked(999, c, 1, 0, now));
+  EXPECT_EQ(zone->header().handoffs[3].inode.load(), 999u);
+  zone->header().handoffs[4].since_ns.store(INT64_MAX);
+  EXPECT_TRUE(zone->PublishHandoffLocked(998, c, 1, 0, now));
+  EXPECT_TRUE(zone->PublishHandoffLocked(997, c, 1, 0, now + 60 * kNsPerSec));
+}
+
 }  // namespace
 }  // namespace trafficrate

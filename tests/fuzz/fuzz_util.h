@@ -139,6 +139,8 @@ enum ZoneOp : uint8_t {
   kSnapshot,         //
   kReads,            // key, proc index, ms to advance the clock
   kBudgetTick,       // key index, packet bytes / 256, ms to advance
+  kHandoff,          // what (publish, take, withdraw, expire, peek), inode
+                     // byte, conn index, proc index, cookie byte
   kZoneOpCount,
 };
 // An index byte: 0xff kNoSlot, 0xfe the capacity (out of range), 0xfd the

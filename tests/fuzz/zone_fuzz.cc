@@ -232,6 +232,36 @@ class Runner {
       case kBudgetTick:
         BudgetTickOf(KeyIndex(s), s.Next(), s.Next());
         return;
+      case kHandoff: {
+        const uint8_t what = s.Next() % 5;
+        const uint64_t inode = s.Next();
+        const uint32_t c = ConnIndex(s);
+        const uint32_t p = ProcIndex(s);
+        const uint32_t cookie = s.Next();
+        if (what == 4) {
+          (void)zone_.MayHaveHandoff(inode);
+          (void)zone_.HasOldHandoffs(p, now_ns_);
+          (void)zone_.MayBeHandedOff(c, cookie);
+          return;
+        }
+        ZoneLock lock(zone_);
+        if (!lock.ok()) return;
+        if (what == 0) {
+          (void)zone_.PublishHandoffLocked(inode, c, cookie, p, now_ns_);
+        } else if (what == 1) {
+          uint32_t got = 0;
+          CheckSlot(zone_.TakeHandoffLocked(inode, &got),
+                    zone_.conn_capacity());
+        } else if (what == 2) {
+          zone_.WithdrawHandoffLocked(inode, p);
+        } else {
+          uint64_t out[kHandoffSlots];
+          TRAFFICRATE_FUZZ_CHECK(
+              zone_.ExpireHandoffsLocked(p, now_ns_, out, kHandoffSlots) <=
+              kHandoffSlots);
+        }
+        return;
+      }
       default:
         return;
     }
