@@ -14,7 +14,8 @@ the code lives in sibling modules and is re-exported here:
     children(), descendants(), kill_pid().
   * servers.py: NginxServer (real Debian nginx, master + N workers, daemon
     off, so we own the master's pid), PythonServer (pyserver.py, thread or
-    fork mode), ServerFactory; all stopped by pid, with every descendant,
+    fork mode), ApacheServer (apache2, prefork or event MPM),
+    LighttpdServer, NodeServer (a Node.js cluster), ServerFactory; all stopped by pid, with every descendant,
     and bounded waits.
   * clients.py: Download (one HTTP GET from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic()),
@@ -53,8 +54,8 @@ from netns_env import (BIG_FILE, BIG_FILE_SIZE, NGINX, PYSERVER, PYTHON,
                        zone_path)
 from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
                    proc_starttime, wait_for)
-from servers import (NginxServer, PidProcess, PythonServer, Server,
-                     ServerFactory)
+from servers import (ApacheServer, LighttpdServer, NginxServer, NodeServer,
+                     PidProcess, PythonServer, Server, ServerFactory)
 
 
 def _interrupt_on_sigterm(signum, frame):
