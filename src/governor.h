@@ -136,6 +136,11 @@ class Governor {
   // corrupt: the process then passes everything through (PassThroughAll),
   // and the watcher has nothing more to do.
   bool CheckZone(int64_t now_ns);
+  // Ends the registrations of connections this process passed that nobody
+  // received by now_ns - kHandoffExpiryNs, unless it still has an fd of
+  // them (CheckZone, each watcher loop; safe beside the watcher: it works
+  // under the zone lock).
+  void ExpireHandoffs(int64_t now_ns);
   // The longest a budget-mode watcher sleeps between ticks.
   static constexpr int64_t kMaxBudgetSleepNs = 100'000'000;
   // Budget mode (budget.h): whether the zone runs the shared budget, and
@@ -174,9 +179,6 @@ class Governor {
              int64_t now_ns);
   // One received fd (OnReceivedFds).
   void ReceiveFd(int fd);
-  // The watcher: ends the registrations of connections this process passed
-  // that nobody received in time, unless it still has an fd of them.
-  void ExpireHandoffs(int64_t now_ns);
   void RetryRegister(int fd, FdEntry& entry);
   // Deregisters a connection of this process; true if its key still has
   // senders to push to.
