@@ -121,6 +121,7 @@ void Initialize() {
   // Never destroyed: host threads may still send while the process exits.
   auto* gov = new Governor(zone->release(), table, &g_logger, options);
   pthread_atfork(nullptr, nullptr, &ChildAfterFork);
+  if (config->inherited) gov->AdoptInherited();
   g_governor.store(gov, std::memory_order_release);
 }
 

@@ -66,6 +66,12 @@ absl::StatusOr<bool> ParseStrict(absl::string_view value) {
   return VariableError(kEnvStrict, value, "is not 0 or 1", kStrictForm);
 }
 
+absl::StatusOr<bool> ParseInherited(absl::string_view value) {
+  if (value == "0") return false;
+  if (value == "1") return true;
+  return VariableError(kEnvInherited, value, "is not 0 or 1", kStrictForm);
+}
+
 absl::StatusOr<LogTarget> ParseLogTarget(absl::string_view value,
                                          std::string* path) {
   path->clear();
@@ -143,6 +149,9 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   }
   if (const char* value = env(kEnvBurst); value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.burst_bytes, ParseBurst(value));
+  }
+  if (const char* value = env(kEnvInherited); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.inherited, ParseInherited(value));
   }
   return config;
 }

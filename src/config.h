@@ -70,10 +70,12 @@ inline constexpr const char* kEnvStrict = "TRAFFICRATE_STRICT";
 inline constexpr const char* kEnvIdle = "TRAFFICRATE_IDLE";
 inline constexpr const char* kEnvShare = "TRAFFICRATE_SHARE";
 inline constexpr const char* kEnvBurst = "TRAFFICRATE_BURST";
+inline constexpr const char* kEnvInherited = "TRAFFICRATE_INHERITED";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate,  kEnvKey, kEnvZone,   kEnvZoneSize, kEnvPorts, kEnvExempt,
-    kEnvAfter, kEnvLog, kEnvStrict, kEnvIdle,     kEnvShare, kEnvBurst};
+    kEnvRate,   kEnvKey,   kEnvZone,     kEnvZoneSize, kEnvPorts,
+    kEnvExempt, kEnvAfter, kEnvLog,      kEnvStrict,   kEnvIdle,
+    kEnvShare,  kEnvBurst, kEnvInherited};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
@@ -102,6 +104,9 @@ struct Config {
   int64_t idle_ns = 200'000'000;
   ShareMode share = ShareMode::kEqual;
   uint64_t burst_bytes = 0;  // 0: DefaultBurstBytes(rate)
+  // TRAFFICRATE_INHERITED: at start-up, govern the client connections the
+  // process inherited (inetd, systemd Accept=yes): Governor::AdoptInherited.
+  bool inherited = true;
 };
 
 // Looks a variable up; returns nullptr when it is unset. The returned string
@@ -137,6 +142,8 @@ ABSL_MUST_USE_RESULT absl::StatusOr<int64_t> ParseIdleNs(
 // TRAFFICRATE_STRICT: exactly "0" or "1"; "true" or "yes" are refused rather
 // than guessed at, since a wrong guess either kills the server or does not.
 ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseStrict(absl::string_view value);
+ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseInherited(
+    absl::string_view value);
 // TRAFFICRATE_SHARE: exactly "budget" or "equal".
 ABSL_MUST_USE_RESULT absl::StatusOr<ShareMode> ParseShare(
     absl::string_view value);

@@ -104,6 +104,17 @@ class Governor {
   // connection, a socket from a process without the library) are left
   // alone.
   void OnReceivedFds(const msghdr* msg);
+  // At start-up (the library's constructor, TRAFFICRATE_INHERITED): governs
+  // the client connections the process inherited from its parent, such as
+  // inetd's or systemd's (Accept=yes) fd 0/1, or socket-activation fds. A
+  // connected TCP socket found then was made by no code of this program
+  // yet; it is taken as a client's (accepted by the parent) if its local
+  // port is in TRAFFICRATE_PORTS, or, without TRAFFICRATE_PORTS, if its
+  // local port is outside the kernel's ephemeral range
+  // (net.ipv4.ip_local_port_range), where the local ports of outgoing
+  // connections come from. Then the usual rules (exempt, key) apply; the
+  // fds of one socket are one connection. Returns how many it governs.
+  int AdoptInherited();
   // Unreceived handoffs expire after this long: their sender then ends
   // the registrations it no longer holds an fd of.
   static constexpr int64_t kHandoffExpiryNs = 2'000'000'000;

@@ -131,8 +131,9 @@ TEST(ParseConfigTest, AllVariablesSet) {
 
 TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
   const std::vector<std::string> want = {
-      kEnvRate,  kEnvKey, kEnvZone,   kEnvZoneSize, kEnvPorts, kEnvExempt,
-      kEnvAfter, kEnvLog, kEnvStrict, kEnvIdle,     kEnvShare, kEnvBurst};
+      kEnvRate,   kEnvKey,   kEnvZone,     kEnvZoneSize, kEnvPorts,
+      kEnvExempt, kEnvAfter, kEnvLog,      kEnvStrict,   kEnvIdle,
+      kEnvShare,  kEnvBurst, kEnvInherited};
   std::vector<std::string> seen;
   ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
                 seen.push_back(name);
@@ -146,7 +147,7 @@ TEST(ParseConfigTest, EachBadVariableIsNamed) {
       {kEnvRate, "5x"},     {kEnvKey, "peers"},    {kEnvZone, "a/b"},
       {kEnvZoneSize, "2g"}, {kEnvLog, "file.log"}, {kEnvStrict, "yes"},
       {kEnvIdle, "5h"},     {kEnvPorts, "80x"},    {kEnvExempt, "abc"},
-      {kEnvAfter, "1t"},
+      {kEnvAfter, "1t"},    {kEnvInherited, "no"},
   };
   for (const auto& [name, value] : bad_values) {
     FakeEnv env = {{kEnvRate, "1m"}};
@@ -254,6 +255,17 @@ TEST(ParseConfigTest, ListErrorsAreOneLineAndNameTheVariable) {
   // A newline next to an item is a blank; inside one it is escaped.
   FakeEnv newline = {{kEnvExempt, "::1,\n10.0.0.0/8x"}};
   ExpectErrorNaming(newline.Parse().status(), kEnvExempt);
+}
+
+TEST(ParseInheritedTest, OnByDefaultZeroTurnsItOff) {
+  FakeEnv on = {{kEnvRate, "1m"}};
+  EXPECT_TRUE(on.Parse().value().inherited);
+  FakeEnv off = {{kEnvRate, "1m"}, {kEnvInherited, "0"}};
+  EXPECT_FALSE(off.Parse().value().inherited);
+  EXPECT_TRUE(ParseInherited("1").value());
+  for (const char* value : {"on", "off", "2", " 0", "true"}) {
+    ExpectErrorNaming(ParseInherited(value).status(), kEnvInherited);
+  }
 }
 
 TEST(ParseStrictTest, OnlyZeroAndOne) {

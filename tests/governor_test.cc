@@ -549,6 +549,89 @@ sockaddr_in6 MappedPeer(const char* v4, uint16_t port) {
   return peer;
 }
 
+// --- Sockets inherited at start-up (AdoptInherited: inetd, systemd
+// Accept=yes). The test process plays the parent: it accepts with plain
+// ::accept and tells no Governor, then starts one.
+
+// A client connection to `listener`, accepted without the Governor.
+Conn AcceptUntold(int listener, const char* from) {
+  sockaddr_in server{};
+  socklen_t len = sizeof(server);
+  if (getsockname(listener, reinterpret_cast<sockaddr*>(&server), &len) != 0) {
+    return Conn{};
+  }
+  Conn conn;
+  conn.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local = testing_util::Inet(from, 0);
+  if (conn.client < 0 ||
+      bind(conn.client, reinterpret_cast<sockaddr*>(&local), sizeof(local)) !=
+          0 ||
+      connect(conn.client, reinterpret_cast<sockaddr*>(&server),
+              sizeof(server)) != 0) {
+    if (conn.client >= 0) close(conn.client);
+    return Conn{};
+  }
+  conn.server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  return conn;
+}
+
+TEST_F(GovernorTest, InheritedClientConnectionIsGovernedOnceWithItsDuplicates) {
+  Conn c = AcceptUntold(listener_, "127.0.0.2");
+  ASSERT_GE(c.server, 0);
+  const int dup_fd = dup(c.server);  // inetd: the socket is fd 0 and fd 1
+  ASSERT_GE(dup_fd, 0);
+  // TRAFFICRATE_PORTS names the listener's port: its connections are
+  // clients', whatever the port.
+  StartGovernor(RuleOptions({{port_, port_}}));
+  EXPECT_EQ(gov_->AdoptInherited(), 1);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  EXPECT_EQ(KeysUsed(), 1u);
+  const uint64_t state = table_->Get(c.server)->state.load();
+  ASSERT_NE(state, 0u);
+  EXPECT_EQ(StateConn(table_->Get(dup_fd)->state.load()), StateConn(state));
+  EXPECT_EQ(table_->Get(c.client)->state.load(), 0u)
+      << "the client end's local port is not the listener's";
+  EXPECT_EQ(table_->Get(listener_)->state.load(), 0u);
+  EXPECT_EQ(Send(dup_fd, 1000), 1000);
+  EXPECT_EQ(Pacing(dup_fd), kRate);
+  gov_->OnClose(dup_fd);
+  close(dup_fd);
+  EXPECT_EQ(ConnsUsed(), 1u) << "fd 0 still holds it";
+  Close(c);
+  EXPECT_EQ(ConnsUsed(), 0u);
+  EXPECT_EQ(KeysUsed(), 0u);
+}
+
+TEST_F(GovernorTest, InheritedConnectionOnAnEphemeralPortIsLeftAlone) {
+  // Without TRAFFICRATE_PORTS, a local port in the kernel's ephemeral range
+  // is an outgoing connection's: the fixture's listener got one (port 0).
+  Conn outgoing = AcceptUntold(listener_, "127.0.0.2");
+  ASSERT_GE(outgoing.server, 0);
+  // A server port: below the range, as every well-known port is.
+  int low = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(low, 0);
+  const int one = 1;
+  setsockopt(low, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  bool bound = false;
+  for (int port = 20000; port < 20200 && !bound; ++port) {
+    sockaddr_in addr = testing_util::Inet("127.0.0.1", port);
+    bound = bind(low, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ASSERT_TRUE(bound);
+  ASSERT_EQ(listen(low, 8), 0);
+  Conn client = AcceptUntold(low, "127.0.0.3");
+  ASSERT_GE(client.server, 0);
+  StartGovernor();
+  EXPECT_EQ(gov_->AdoptInherited(), 1);
+  EXPECT_EQ(table_->Get(outgoing.server)->state.load(), 0u);
+  EXPECT_NE(table_->Get(client.server)->state.load(), 0u);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  Close(client);
+  Close(outgoing);
+  close(low);
+  EXPECT_EQ(ConnsUsed(), 0u);
+}
+
 TEST_F(GovernorTest, ConnectionOnAnUngovernedPortIsNotRegistered) {
   const uint16_t other = port_ == 65535 ? port_ - 1 : port_ + 1;
   StartGovernor(RuleOptions({{other, other}, {1, 1}}));

@@ -120,6 +120,7 @@ std::map<std::string, std::string> ConfigEnvironment(
     if (args.Has(o.option)) env[o.variable] = args.Get(o.option, "");
   }
   if (args.Has("--strict")) env[kEnvStrict] = "1";
+  if (args.Has("--no-inherited")) env[kEnvInherited] = "0";
   return env;
 }
 

@@ -25,11 +25,11 @@ namespace trafficrate {
 namespace {
 
 constexpr OptionSpec kConfigSpecs[] = {
-    {"--rate", true},      {"--key", true},    {"--zone", true},
-    {"--zone-size", true}, {"--idle", true},   {"--log", true},
-    {"--ports", true},     {"--exempt", true}, {"--after", true},
-    {"--share", true},     {"--burst", true},  {"--strict", false},
-    {"--library", true},
+    {"--rate", true},          {"--key", true},     {"--zone", true},
+    {"--zone-size", true},     {"--idle", true},    {"--log", true},
+    {"--ports", true},         {"--exempt", true},  {"--after", true},
+    {"--share", true},         {"--burst", true},   {"--strict", false},
+    {"--no-inherited", false}, {"--library", true},
 };
 
 constexpr char kConfigOptionsHelp[] =
@@ -55,6 +55,9 @@ constexpr char kConfigOptionsHelp[] =
                   (TRAFFICRATE_BURST, default 50 ms of the rate, >= 16k)
   --strict        a bad configuration stops the server at start-up
                   (TRAFFICRATE_STRICT=1)
+  --no-inherited  leave alone the client connections the server inherits at
+                  start-up (inetd, systemd Accept=yes), which are governed
+                  by default (TRAFFICRATE_INHERITED=0)
 )";
 
 const std::string kRunHelp = absl::StrCat(
@@ -344,6 +347,13 @@ int CheckCommand(const std::vector<std::string>& raw) {
         config->burst_bytes != 0 ? "" : " (default: 50 ms of the rate)");
   }
   absl::StrAppendFormat(&out, "  log     %s\n", LogInWords(*config));
+  absl::StrAppendFormat(
+      &out, "  inherited %s\n",
+      config->inherited
+          ? "client connections inherited at start-up (inetd, systemd "
+            "Accept=yes) are governed"
+          : "connections inherited at start-up are left alone "
+            "(TRAFFICRATE_INHERITED=0)");
   absl::StrAppendFormat(
       &out, "  strict  %s\n",
       config->strict ? "yes: a bad configuration stops the server at start-up"
