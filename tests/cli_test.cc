@@ -113,6 +113,21 @@ TEST(ConfigEnvironmentTest, OptionsOverrideTheEnvironment) {
   EXPECT_EQ(env.count("TRAFFICRATE_KEY"), 0u);
 }
 
+TEST(ConfigEnvironmentTest, NoInheritedTurnsInheritedSocketsOff) {
+  constexpr OptionSpec kInherited[] = {{"--rate", true},
+                                       {"--no-inherited", false}};
+  absl::StatusOr<ParsedArgs> p =
+      ParseArgs({"--rate", "1m", "--no-inherited"}, kInherited, false);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(ConfigEnvironment(*p, {{"TRAFFICRATE_INHERITED", "1"}})
+                .at("TRAFFICRATE_INHERITED"),
+            "0");
+  p = ParseArgs({"--rate", "1m"}, kInherited, false);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(ConfigEnvironment(*p, {}).count("TRAFFICRATE_INHERITED"), 0u)
+      << "the default (1) is the library's";
+}
+
 TEST(ConfigEnvironmentTest, EveryConfigOptionSetsItsVariable) {
   constexpr OptionSpec kAll[] = {
       {"--rate", true},      {"--key", true},    {"--zone", true},
