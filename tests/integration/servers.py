@@ -377,7 +377,36 @@ class PythonServer(Server):
             self.argv += ["--pace", spec]
 
 
-class ApacheServer(Server):
+class SupervisedServer(Server):
+    """A parent process that forks the workers that serve (Apache, lighttpd,
+    a Node.js cluster): ready once `expected_workers` children live.
+    Subclasses give config_file() -> (path, text), written at start()."""
+
+    expected_workers = 1
+
+    def config_file(self):
+        return None
+
+    def start(self, wait_ready=True, timeout=10.0):
+        config = self.config_file()
+        if config is not None:
+            path, text = config
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        return super().start(wait_ready, timeout)
+
+    def worker_pids(self):
+        """Live children of the parent (the processes that serve)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        self.family()
+        return children(self.proc.pid)
+
+    def extra_ready(self):
+        return len(self.worker_pids()) >= self.expected_workers
+
+
+class ApacheServer(SupervisedServer):
     """Real Debian Apache httpd, `apache2 -f CONF -DFOREGROUND` (the parent
     stays in the foreground, so we own its pid; not -X, which would serve
     from that one process).
@@ -446,20 +475,12 @@ class ApacheServer(Server):
                       "MaxSpareThreads %d" % (n * t)]
         return "\n".join(lines) + "\n"
 
-    def start(self, wait_ready=True, timeout=10.0):
-        self.prefix.mkdir(parents=True, exist_ok=True)
-        self.conf_path.write_text(self.conf_text())
-        return super().start(wait_ready, timeout)
+    def config_file(self):
+        return self.conf_path, self.conf_text()
 
-    def worker_pids(self):
-        """Live children of the parent (the processes that serve)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        self.family()
-        return children(self.proc.pid)
-
-    def extra_ready(self):
-        return len(self.worker_pids()) >= self.processes
+    @property
+    def expected_workers(self):
+        return self.processes
 
     def output(self):
         text = super().output()
@@ -470,7 +491,7 @@ class ApacheServer(Server):
         return text
 
 
-class LighttpdServer(Server):
+class LighttpdServer(SupervisedServer):
     """Real Debian lighttpd, `lighttpd -D -f CONF` (foreground), with
     server.max-worker = workers: the process we start supervises that many
     forked workers, which all accept on the one listening socket. As root it
@@ -499,19 +520,12 @@ class LighttpdServer(Server):
                       'server.groupname = "%s"' % group]
         return "\n".join(lines) + "\n"
 
-    def start(self, wait_ready=True, timeout=10.0):
-        self.prefix.mkdir(parents=True, exist_ok=True)
-        self.conf_path.write_text(self.conf_text())
-        return super().start(wait_ready, timeout)
+    def config_file(self):
+        return self.conf_path, self.conf_text()
 
-    def worker_pids(self):
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        self.family()
-        return children(self.proc.pid)
-
-    def extra_ready(self):
-        return len(self.worker_pids()) >= self.workers
+    @property
+    def expected_workers(self):
+        return self.workers
 
 
 # The Node.js cluster file server NodeServer runs (node FILE PORT ROOT
@@ -578,7 +592,7 @@ if (cluster.isPrimary) {
 """.replace("'%s'", "'" + SERVER_HOST + "'")
 
 
-class NodeServer(Server):
+class NodeServer(SupervisedServer):
     """Node.js `cluster` file server (NODE_CLUSTER_JS, written into the
     workdir as node-cluster-PORT.js): a primary and `workers` forked
     workers, each serving webroot with fs.createReadStream piped to the
@@ -612,20 +626,16 @@ class NodeServer(Server):
         except (OSError, subprocess.TimeoutExpired):
             return "?"
 
-    def start(self, wait_ready=True, timeout=10.0):
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.script.write_text(NODE_CLUSTER_JS)
-        return super().start(wait_ready, timeout)
+    def config_file(self):
+        return self.script, NODE_CLUSTER_JS
 
-    def worker_pids(self):
-        if self.proc is None or self.proc.poll() is not None:
-            return []
-        self.family()
-        return children(self.proc.pid)
+    @property
+    def expected_workers(self):
+        return self.workers
 
     def extra_ready(self):
         return ("cluster: %d workers listening" % self.workers in self.output()
-                and len(self.worker_pids()) >= self.workers)
+                and super().extra_ready())
 
 
 class ServerFactory:
