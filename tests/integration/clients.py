@@ -5,7 +5,12 @@ harness.py).
     keepalive_get() for idle keep-alive connections;
   * Download: one HTTP GET of a big file from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic();
-    DownloadSet / run_downloads() run many in parallel;
+    DownloadSet / run_downloads() run many in parallel; KeepaliveDownload
+    (many GETs, one after the other, on one keep-alive connection) and
+    PausingDownload (stops reading for a while, then goes on);
+  * every client here hands each response's body to a bodies.Body, which
+    undoes chunked framing and gzip, hashes the content and is checked
+    after each test (conftest.py): every byte must be the served file's;
   * Measurement (rates over a window), bucket_rates() (per-second rates) and
     within() to compare a rate with its target;
   * who serves whom: socket_owners() (which pid holds which TCP connection,
@@ -22,15 +27,17 @@ Standard library only; import it through harness (`import harness`).
 
 import array
 import bisect
-import hashlib
+import fcntl
 import re
 import socket
 import struct
 import subprocess
+import termios
 import threading
 import time
 
-from netns_env import BIG_FILE, SERVER_HOST, SMALL_FILE
+from bodies import Body
+from netns_env import BIG_FILE, MEDIUM_FILE, SERVER_HOST, SMALL_FILE
 from procs import wait_for
 
 # ---------------------------------------------------------------- HTTP client
@@ -55,13 +62,30 @@ def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
     return sock
 
 
-def _request(path, host, port, keepalive):
-    if ":" in host:
-        host = "[%s]" % host  # an IPv6 address in a Host header
+def _host(host):
+    return "[%s]" % host if ":" in host else host  # IPv6 in brackets
+
+
+def _url(host, port, path):
+    return "http://%s:%d%s" % (_host(host), port, path)
+
+
+def _request(path, host, port, keepalive, headers=None):
+    """A GET request; headers: more header lines, {name: value}."""
+    extra = "".join("%s: %s\r\n" % kv for kv in (headers or {}).items())
     return ("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: trafficrate-it\r\n"
-            "Connection: %s\r\n\r\n" % (path, host, port,
-                                        "keep-alive" if keepalive else "close")
+            "%sConnection: %s\r\n\r\n" % (path, _host(host), port, extra,
+                                          "keep-alive" if keepalive else "close")
             ).encode()
+
+
+def _body(path, host, port, status, headers, label=None, verify=True):
+    """The bodies.Body of a 200 or 206 response (None for other statuses,
+    whose bodies are not the file's)."""
+    if status not in (200, 206):
+        return None
+    return Body(path, headers, status, label=label,
+                url=_url(host, port, path), verify=verify)
 
 
 def _read_head(sock, deadline):
@@ -95,6 +119,9 @@ def http_get(port, path=SMALL_FILE, source=None, host=SERVER_HOST, timeout=5.0,
         sock.settimeout(min(timeout, 0.5))
         sock.sendall(_request(path, host, port, keepalive=False))
         status, headers, body = _read_head(sock, deadline)
+        checked = _body(path, host, port, status, headers, label=source)
+        if checked:
+            checked.feed(body)
         length = int(headers.get("content-length", max_body))
         while len(body) < min(length, max_body) and time.monotonic() < deadline:
             try:
@@ -102,7 +129,11 @@ def http_get(port, path=SMALL_FILE, source=None, host=SERVER_HOST, timeout=5.0,
             except socket.timeout:
                 continue
             if not chunk:
+                if checked:
+                    checked.end()
                 break
+            if checked:
+                checked.feed(chunk)
             body += chunk
         return status, headers, body
 
@@ -130,6 +161,8 @@ def keepalive_get(sock, port, path=SMALL_FILE, host=SERVER_HOST, timeout=5.0):
     status, headers, body = _read_head(sock, deadline)
     if status != 200 or "content-length" not in headers:
         raise RuntimeError("unexpected response %d %r" % (status, headers))
+    checked = _body(path, host, port, status, headers)
+    checked.feed(body)
     length = int(headers["content-length"])
     while len(body) < length:
         if time.monotonic() > deadline:
@@ -140,6 +173,7 @@ def keepalive_get(sock, port, path=SMALL_FILE, host=SERVER_HOST, timeout=5.0):
             continue
         if not chunk:
             raise ConnectionError("keep-alive connection closed")
+        checked.feed(chunk)
         body += chunk
     return body
 
@@ -149,20 +183,25 @@ class Download(threading.Thread):
 
     Starts at monotonic time `start_at`, stops (closes) at `stop_at` or when
     stop() is called. Records (monotonic time, cumulative body bytes) after
-    every recv; bytes_at()/rate() turn that into rates over any window. With
+    every recv; bytes_at()/rate() turn that into rates over any window.
+    These are the body's bytes as they come on the wire (after the response
+    head; a chunked or gzip body's framing and compressed bytes). With
     repeat=True a finished response is followed by a new connection (for
-    unlimited downloads that may finish the file). With digest=True the body
-    is hashed as it comes (self.digest, SHA-256 of the first self.total
-    bytes; one response only), for tests that check every byte.
+    unlimited downloads that may finish the file). headers: more request
+    headers, e.g. {"Accept-Encoding": "gzip"}.
+
+    Each response's body goes to a bodies.Body (self.bodies, the current
+    one self.body), which checks after the test that every byte is the
+    served file's; verify=False leaves it out of that check (skipped).
     """
 
     RECV_SIZE = 256 * 1024
+    KEEPALIVE = False  # Connection: close, the body read to the server's FIN
 
     def __init__(self, port, source=None, path=BIG_FILE, label=None,
                  start_at=None, stop_at=None, host=SERVER_HOST, repeat=False,
-                 recv_timeout=0.25, source_port=0, digest=False):
+                 recv_timeout=0.25, source_port=0, headers=None, verify=True):
         super().__init__(daemon=True)
-        self.digest = hashlib.sha256() if digest else None
         self.port, self.source, self.path, self.host = port, source, path, host
         self.source_port = source_port  # 0: any (see ports_by_worker)
         self.label = label or (source or "default")
@@ -170,14 +209,19 @@ class Download(threading.Thread):
         self.stop_at = stop_at if stop_at is not None else self.start_at + 10.0
         self.repeat = repeat
         self.recv_timeout = recv_timeout
+        self.headers = dict(headers or {})
+        self.verify = verify
         self.times = array.array("d")
         self.totals = array.array("q")
         self.total = 0
+        self.bodies = []
+        self.body = None
         self.connected_at = None
         self.first_byte_at = None
         self.finished_at = None
         self.local_port = None
         self.status = None
+        self.response_headers = None
         self.error = None
         self.eof = False
         self._stop_event = threading.Event()
@@ -218,20 +262,38 @@ class Download(threading.Thread):
             self.local_port = sock.getsockname()[1]
             self._note(now)
             sock.settimeout(self.recv_timeout)
-            sock.sendall(_request(self.path, self.host, self.port, keepalive=False))
-            self.status, _, body = _read_head(sock, time.monotonic() + 10.0)
-            if self.status != 200:
-                raise RuntimeError("HTTP status %d" % self.status)
-            if body:
-                self.total += len(body)
-                if self.digest is not None:
-                    self.digest.update(body)
-                self._note(time.monotonic())
-            self._read_body(sock)
+            self._exchange(sock)
+
+    def _exchange(self, sock):
+        """Sends the request, reads the response head and then the body."""
+        sock.sendall(_request(self.path, self.host, self.port,
+                              keepalive=self.KEEPALIVE, headers=self.headers))
+        self.status, self.response_headers, rest = _read_head(
+            sock, time.monotonic() + 10.0)
+        if self.status not in (200, 206):
+            raise RuntimeError("HTTP status %d" % self.status)
+        self.body = _body(self.path, self.host, self.port, self.status,
+                          self.response_headers, label=self.label,
+                          verify=self.verify)
+        self.bodies.append(self.body)
+        if rest:
+            self._take(rest, len(rest), time.monotonic())
+        self._read_body(sock)
+
+    def _take(self, buf, n, now):
+        """n bytes of the body arrived in buf at `now`: count and check them."""
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+        used = self.body.feed(buf, 0, n)
+        if used < n:
+            raise RuntimeError("%d bytes after the end of a response body"
+                               % (n - used))
+        self.total += n
+        self._note(now)
 
     def _read_body(self, sock):
         buf = bytearray(self.RECV_SIZE)
-        while self._running():
+        while self._running() and not (self.KEEPALIVE and self.body.complete):
             if self._recv_into(sock, buf) == 0:
                 return
 
@@ -243,16 +305,11 @@ class Download(threading.Thread):
             n = sock.recv_into(buf, size)
         except socket.timeout:
             return None
-        now = time.monotonic()
         if n == 0:
             self.eof = True
+            self.body.end()
             return 0
-        if self.first_byte_at is None:
-            self.first_byte_at = now
-        if self.digest is not None:
-            self.digest.update(memoryview(buf)[:n])
-        self.total += n
-        self._note(now)
+        self._take(buf, n, time.monotonic())
         return n
 
     def bytes_at(self, t):
@@ -264,6 +321,72 @@ class Download(threading.Thread):
     def rate(self, t0, t1):
         """Bytes per second received in [t0, t1]."""
         return (self.bytes_at(t1) - self.bytes_at(t0)) / (t1 - t0)
+
+
+class KeepaliveDownload(Download):
+    """GETs of `path` (default medium.bin) one after the other on one
+    keep-alive connection, each body read to its end before the next
+    request is sent, from start_at until stop_at, at most max_requests.
+    Rates are over all their bodies' bytes, as for a Download; `requests`
+    counts the complete responses. The server must keep the connection
+    open (nginx's keepalive_requests is 1000 by default)."""
+
+    KEEPALIVE = True
+
+    def __init__(self, port, source=None, path=MEDIUM_FILE, max_requests=1000,
+                 **kw):
+        super().__init__(port, source, path, **kw)
+        self.max_requests = max_requests
+        self.requests = 0
+
+    def _exchange(self, sock):
+        while self._running() and self.requests < self.max_requests:
+            super()._exchange(sock)
+            if not self.body.complete:
+                return
+            self.requests += 1
+
+
+class PausingDownload(Download):
+    """A Download that stops reading at monotonic time pause_at for pause_s
+    seconds, then reads flat out again. Meanwhile the server goes on
+    sending until the client's receive buffer (and its own send buffer) is
+    full. At the resume it notes resumed_at, the body bytes received by
+    then (at_resume) and how many the kernel held in the client's receive
+    queue (queued_at_resume, SIOCINQ): those arrive at once on the first
+    reads. drained_at() is when they had been read; a rate measured from
+    then on is the server's sending rate again."""
+
+    def __init__(self, port, source=None, pause_at=None, pause_s=3.0, **kw):
+        super().__init__(port, source, **kw)
+        self.pause_at = pause_at if pause_at is not None else self.start_at + 2.0
+        self.pause_s = pause_s
+        self.paused_at = self.resumed_at = None
+        self.at_pause = self.at_resume = self.queued_at_resume = None
+
+    def _read_body(self, sock):
+        buf = bytearray(self.RECV_SIZE)
+        while self._running():
+            if self.paused_at is None and time.monotonic() >= self.pause_at:
+                self.paused_at, self.at_pause = time.monotonic(), self.total
+                if self._stop_event.wait(self.pause_s):
+                    return
+                queued = fcntl.ioctl(sock.fileno(), termios.FIONREAD,
+                                     struct.pack("i", 0))
+                self.queued_at_resume = struct.unpack("i", queued)[0]
+                self.at_resume, self.resumed_at = self.total, time.monotonic()
+            if self._recv_into(sock, buf) == 0:
+                return
+
+    def drained_at(self):
+        """When the bytes queued at the resume had been read (None: not
+        resumed, or not read yet)."""
+        if self.resumed_at is None:
+            return None
+        goal = self.at_resume + self.queued_at_resume
+        n = min(len(self.times), len(self.totals))
+        i = bisect.bisect_left(self.totals, goal, 0, n)
+        return self.times[i] if i < n else None
 
 
 class Measurement:
@@ -578,6 +701,7 @@ class _Fetch:
         self.status = None
         self.complete = False  # the whole range, then EOF
         self.error = None
+        self.body = None  # its bodies.Body
 
     def bytes_at(self, t):
         n = min(len(self.times), len(self.totals))
@@ -656,9 +780,13 @@ class RangeFetches(threading.Thread):
                 sock.settimeout(self.recv_timeout)
                 sock.sendall(_range_request(self.path, self.host, self.port,
                                             self.size, keepalive=False))
-                fetch.status, _, body = _read_head(sock, time.monotonic() + 10.0)
+                fetch.status, headers, body = _read_head(
+                    sock, time.monotonic() + 10.0)
                 if fetch.status != 206:
                     raise RuntimeError("HTTP status %d" % fetch.status)
+                fetch.body = _body(self.path, self.host, self.port, fetch.status,
+                                   headers, label=self.label)
+                fetch.body.feed(body)
                 fetch.total = len(body)
                 fetch.times.append(time.monotonic())
                 fetch.totals.append(fetch.total)
@@ -669,8 +797,10 @@ class RangeFetches(threading.Thread):
                     except socket.timeout:
                         continue
                     if n == 0:
+                        fetch.body.end()
                         fetch.complete = fetch.total == self.size
                         break
+                    fetch.body.feed(buf, 0, n)
                     fetch.total += n
                     fetch.times.append(time.monotonic())
                     fetch.totals.append(fetch.total)
@@ -738,11 +868,15 @@ class KeepaliveRequests(threading.Thread):
                     status, headers, body = _read_head(sock, time.monotonic() + 5.0)
                     if status != 206:
                         raise RuntimeError("HTTP status %d" % status)
+                    checked = _body(self.path, self.host, self.port, status,
+                                    headers, label=self.source)
+                    checked.feed(body)
                     length = int(headers["content-length"])
                     while len(body) < length:
                         chunk = sock.recv(length - len(body))
                         if not chunk:
                             raise ConnectionError("keep-alive connection closed")
+                        checked.feed(chunk)
                         body += chunk
                     self.requests += 1
                     self.total += len(body)
