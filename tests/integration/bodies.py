@@ -217,7 +217,9 @@ def _problem(body):
     lock held."""
     if not body.verify:
         return None
-    size, where = body.size, body.describe()
+    size = body.size
+    if body.error or body.content is None:
+        where = body.describe()
     if body.error:
         return "%s: %s after %d content bytes" % (where, body.error, size)
     if body.content is None:
@@ -227,17 +229,18 @@ def _problem(body):
     end = body.offset + size
     if end > body.content.size:
         return "%s: %d bytes, past the end of %s (%d bytes)" % (
-            where, size, body.content.name, body.content.size)
+            body.describe(), size, body.content.name, body.content.size)
     got = body._digest.hexdigest()
     expected = body.content.sha256(size, body.offset)
     if got != expected:
         return ("%s: bytes differ: SHA-256 of the %d bytes received %s, of "
-                "%s's bytes %d..%d %s" % (where, size, got, body.content.name,
-                                          body.offset, end, expected))
+                "%s's bytes %d..%d %s" % (body.describe(), size, got,
+                                          body.content.name, body.offset, end,
+                                          expected))
     if (body.complete and body.length is not None and body.encoding is None
             and size != body.length):
         return "%s: complete with %d bytes, declared %d" % (
-            where, size, body.length)
+            body.describe(), size, body.length)
     return None
 
 
