@@ -28,6 +28,8 @@ the code lives in sibling modules and is re-exported here:
     idle keep-alive connections;
     socket_owners() (which pid holds which TCP connection, via ss) and
     ports_by_worker().
+  * budget_clients.py: the shared-budget scenarios' clients (PacedDownload,
+    a slow reader; RangeFetches; KeepaliveRequests).
   * bodies.py: every client hands each response body to a Body, which
     undoes chunked framing and gzip and hashes the content; LEDGER holds
     their verdicts, and conftest.py fails a test any of whose bodies is not
@@ -51,11 +53,12 @@ from bodies import check as check_bodies
 from bodies import problems as body_problems
 from cli_tools import (key_stat, placed_ports, run_cli, stat_json,
                        wait_key_count)
+from budget_clients import PacedDownload
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
-                     KeepaliveDownload, Measurement, PacedDownload,
-                     PausingDownload, bucket_rates, established, http_get,
-                     keepalive_get, open_keepalive, ports_by_worker,
-                     probe_owner, run_downloads, socket_owners, within)
+                     KeepaliveDownload, Measurement, PausingDownload,
+                     bucket_rates, established, http_get, keepalive_get,
+                     open_keepalive, ports_by_worker, probe_owner,
+                     run_downloads, socket_owners, within)
 # A private name, but tests connect from chosen source ports with it.
 from clients import _connect
 from demo import main

@@ -33,8 +33,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import harness
-# New helpers of clients.py (harness re-exports only the older ones).
-from clients import KeepaliveRequests, PacedDownload, RangeFetches
+# The shared-budget clients (harness re-exports only PacedDownload).
+from budget_clients import KeepaliveRequests, PacedDownload, RangeFetches
 
 RATE = "500k"
 TARGET = 512000  # B/s per client IP
