@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests" / "integration"))
 import harness  # noqa: E402  (needs the sys.path entry above)
 
 SERVER_HOST = harness.SERVER_HOST  # 127.0.0.1
-BIG_FILE = harness.BIG_FILE        # /big.bin, sparse 1 GiB
+BIG_FILE = harness.BIG_FILE        # /big.bin, 256 MiB of pseudo-random bytes
 SMALL_FILE_4K = "/4k.bin"
 LIB_MODES = ("equal", "budget")    # the table's columns
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -5,32 +5,36 @@ harness.py).
     keepalive_get() for idle keep-alive connections;
   * Download: one HTTP GET of a big file from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic();
-    DownloadSet / run_downloads() run many in parallel;
+    DownloadSet / run_downloads() run many in parallel; KeepaliveDownload
+    (many GETs, one after the other, on one keep-alive connection) and
+    PausingDownload (stops reading for a while, then goes on);
+  * every client here hands each response's body to a bodies.Body, which
+    undoes chunked framing and gzip, hashes the content and is checked
+    after each test (conftest.py): every byte must be the served file's;
   * Measurement (rates over a window), bucket_rates() (per-second rates) and
     within() to compare a rate with its target;
   * who serves whom: socket_owners() (which pid holds which TCP connection,
     via ss), established(), and probe_owner() / ports_by_worker() to pick
     source ports that land on chosen nginx reuseport workers.
-  * for the shared-budget scenarios (test_budget.py): PacedDownload (a slow
-    reader), RangeFetches (Range requests, each on a new connection with
-    Connection: close, in parallel at a fixed pace or back to back) and
-    KeepaliveRequests (sequential small requests on one keep-alive
-    connection); harness does not re-export these, import them from clients.
+  * the shared-budget scenarios' clients (a slow reader, Range requests,
+    small keep-alive requests) are in budget_clients.py.
 
 Standard library only; import it through harness (`import harness`).
 """
 
 import array
 import bisect
-import hashlib
+import fcntl
 import re
 import socket
 import struct
 import subprocess
+import termios
 import threading
 import time
 
-from netns_env import BIG_FILE, SERVER_HOST, SMALL_FILE
+from bodies import Body
+from netns_env import BIG_FILE, MEDIUM_FILE, SERVER_HOST, SMALL_FILE
 from procs import wait_for
 
 # ---------------------------------------------------------------- HTTP client
@@ -55,13 +59,30 @@ def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
     return sock
 
 
-def _request(path, host, port, keepalive):
-    if ":" in host:
-        host = "[%s]" % host  # an IPv6 address in a Host header
+def _host(host):
+    return "[%s]" % host if ":" in host else host  # IPv6 in brackets
+
+
+def _url(host, port, path):
+    return "http://%s:%d%s" % (_host(host), port, path)
+
+
+def _request(path, host, port, keepalive, headers=None):
+    """A GET request; headers: more header lines, {name: value}."""
+    extra = "".join("%s: %s\r\n" % kv for kv in (headers or {}).items())
     return ("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: trafficrate-it\r\n"
-            "Connection: %s\r\n\r\n" % (path, host, port,
-                                        "keep-alive" if keepalive else "close")
+            "%sConnection: %s\r\n\r\n" % (path, _host(host), port, extra,
+                                          "keep-alive" if keepalive else "close")
             ).encode()
+
+
+def _body(path, host, port, status, headers, label=None, verify=True):
+    """The bodies.Body of a 200 or 206 response (None for other statuses,
+    whose bodies are not the file's)."""
+    if status not in (200, 206):
+        return None
+    return Body(path, headers, status, label=label,
+                url=_url(host, port, path), verify=verify)
 
 
 def _read_head(sock, deadline):
@@ -95,6 +116,9 @@ def http_get(port, path=SMALL_FILE, source=None, host=SERVER_HOST, timeout=5.0,
         sock.settimeout(min(timeout, 0.5))
         sock.sendall(_request(path, host, port, keepalive=False))
         status, headers, body = _read_head(sock, deadline)
+        checked = _body(path, host, port, status, headers, label=source)
+        if checked:
+            checked.feed(body)
         length = int(headers.get("content-length", max_body))
         while len(body) < min(length, max_body) and time.monotonic() < deadline:
             try:
@@ -102,7 +126,11 @@ def http_get(port, path=SMALL_FILE, source=None, host=SERVER_HOST, timeout=5.0,
             except socket.timeout:
                 continue
             if not chunk:
+                if checked:
+                    checked.end()
                 break
+            if checked:
+                checked.feed(chunk)
             body += chunk
         return status, headers, body
 
@@ -130,6 +158,8 @@ def keepalive_get(sock, port, path=SMALL_FILE, host=SERVER_HOST, timeout=5.0):
     status, headers, body = _read_head(sock, deadline)
     if status != 200 or "content-length" not in headers:
         raise RuntimeError("unexpected response %d %r" % (status, headers))
+    checked = _body(path, host, port, status, headers)
+    checked.feed(body)
     length = int(headers["content-length"])
     while len(body) < length:
         if time.monotonic() > deadline:
@@ -140,6 +170,7 @@ def keepalive_get(sock, port, path=SMALL_FILE, host=SERVER_HOST, timeout=5.0):
             continue
         if not chunk:
             raise ConnectionError("keep-alive connection closed")
+        checked.feed(chunk)
         body += chunk
     return body
 
@@ -149,20 +180,25 @@ class Download(threading.Thread):
 
     Starts at monotonic time `start_at`, stops (closes) at `stop_at` or when
     stop() is called. Records (monotonic time, cumulative body bytes) after
-    every recv; bytes_at()/rate() turn that into rates over any window. With
+    every recv; bytes_at()/rate() turn that into rates over any window.
+    These are the body's bytes as they come on the wire (after the response
+    head; a chunked or gzip body's framing and compressed bytes). With
     repeat=True a finished response is followed by a new connection (for
-    unlimited downloads that may finish the file). With digest=True the body
-    is hashed as it comes (self.digest, SHA-256 of the first self.total
-    bytes; one response only), for tests that check every byte.
+    unlimited downloads that may finish the file). headers: more request
+    headers, e.g. {"Accept-Encoding": "gzip"}.
+
+    Each response's body goes to a bodies.Body (self.bodies, the current
+    one self.body), which checks after the test that every byte is the
+    served file's; verify=False leaves it out of that check (skipped).
     """
 
     RECV_SIZE = 256 * 1024
+    KEEPALIVE = False  # Connection: close, the body read to the server's FIN
 
     def __init__(self, port, source=None, path=BIG_FILE, label=None,
                  start_at=None, stop_at=None, host=SERVER_HOST, repeat=False,
-                 recv_timeout=0.25, source_port=0, digest=False):
+                 recv_timeout=0.25, source_port=0, headers=None, verify=True):
         super().__init__(daemon=True)
-        self.digest = hashlib.sha256() if digest else None
         self.port, self.source, self.path, self.host = port, source, path, host
         self.source_port = source_port  # 0: any (see ports_by_worker)
         self.label = label or (source or "default")
@@ -170,14 +206,19 @@ class Download(threading.Thread):
         self.stop_at = stop_at if stop_at is not None else self.start_at + 10.0
         self.repeat = repeat
         self.recv_timeout = recv_timeout
+        self.headers = dict(headers or {})
+        self.verify = verify
         self.times = array.array("d")
         self.totals = array.array("q")
         self.total = 0
+        self.bodies = []
+        self.body = None
         self.connected_at = None
         self.first_byte_at = None
         self.finished_at = None
         self.local_port = None
         self.status = None
+        self.response_headers = None
         self.error = None
         self.eof = False
         self._stop_event = threading.Event()
@@ -218,20 +259,38 @@ class Download(threading.Thread):
             self.local_port = sock.getsockname()[1]
             self._note(now)
             sock.settimeout(self.recv_timeout)
-            sock.sendall(_request(self.path, self.host, self.port, keepalive=False))
-            self.status, _, body = _read_head(sock, time.monotonic() + 10.0)
-            if self.status != 200:
-                raise RuntimeError("HTTP status %d" % self.status)
-            if body:
-                self.total += len(body)
-                if self.digest is not None:
-                    self.digest.update(body)
-                self._note(time.monotonic())
-            self._read_body(sock)
+            self._exchange(sock)
+
+    def _exchange(self, sock):
+        """Sends the request, reads the response head and then the body."""
+        sock.sendall(_request(self.path, self.host, self.port,
+                              keepalive=self.KEEPALIVE, headers=self.headers))
+        self.status, self.response_headers, rest = _read_head(
+            sock, time.monotonic() + 10.0)
+        if self.status not in (200, 206):
+            raise RuntimeError("HTTP status %d" % self.status)
+        self.body = _body(self.path, self.host, self.port, self.status,
+                          self.response_headers, label=self.label,
+                          verify=self.verify)
+        self.bodies.append(self.body)
+        if rest:
+            self._take(rest, len(rest), time.monotonic())
+        self._read_body(sock)
+
+    def _take(self, buf, n, now):
+        """n bytes of the body arrived in buf at `now`: count and check them."""
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+        used = self.body.feed(buf, 0, n)
+        if used < n:
+            raise RuntimeError("%d bytes after the end of a response body"
+                               % (n - used))
+        self.total += n
+        self._note(now)
 
     def _read_body(self, sock):
         buf = bytearray(self.RECV_SIZE)
-        while self._running():
+        while self._running() and not (self.KEEPALIVE and self.body.complete):
             if self._recv_into(sock, buf) == 0:
                 return
 
@@ -243,16 +302,11 @@ class Download(threading.Thread):
             n = sock.recv_into(buf, size)
         except socket.timeout:
             return None
-        now = time.monotonic()
         if n == 0:
             self.eof = True
+            self.body.end()
             return 0
-        if self.first_byte_at is None:
-            self.first_byte_at = now
-        if self.digest is not None:
-            self.digest.update(memoryview(buf)[:n])
-        self.total += n
-        self._note(now)
+        self._take(buf, n, time.monotonic())
         return n
 
     def bytes_at(self, t):
@@ -264,6 +318,72 @@ class Download(threading.Thread):
     def rate(self, t0, t1):
         """Bytes per second received in [t0, t1]."""
         return (self.bytes_at(t1) - self.bytes_at(t0)) / (t1 - t0)
+
+
+class KeepaliveDownload(Download):
+    """GETs of `path` (default medium.bin) one after the other on one
+    keep-alive connection, each body read to its end before the next
+    request is sent, from start_at until stop_at, at most max_requests.
+    Rates are over all their bodies' bytes, as for a Download; `requests`
+    counts the complete responses. The server must keep the connection
+    open (nginx's keepalive_requests is 1000 by default)."""
+
+    KEEPALIVE = True
+
+    def __init__(self, port, source=None, path=MEDIUM_FILE, max_requests=1000,
+                 **kw):
+        super().__init__(port, source, path, **kw)
+        self.max_requests = max_requests
+        self.requests = 0
+
+    def _exchange(self, sock):
+        while self._running() and self.requests < self.max_requests:
+            super()._exchange(sock)
+            if not self.body.complete:
+                return
+            self.requests += 1
+
+
+class PausingDownload(Download):
+    """A Download that stops reading at monotonic time pause_at for pause_s
+    seconds, then reads flat out again. Meanwhile the server goes on
+    sending until the client's receive buffer (and its own send buffer) is
+    full. At the resume it notes resumed_at, the body bytes received by
+    then (at_resume) and how many the kernel held in the client's receive
+    queue (queued_at_resume, SIOCINQ): those arrive at once on the first
+    reads. drained_at() is when they had been read; a rate measured from
+    then on is the server's sending rate again."""
+
+    def __init__(self, port, source=None, pause_at=None, pause_s=3.0, **kw):
+        super().__init__(port, source, **kw)
+        self.pause_at = pause_at if pause_at is not None else self.start_at + 2.0
+        self.pause_s = pause_s
+        self.paused_at = self.resumed_at = None
+        self.at_pause = self.at_resume = self.queued_at_resume = None
+
+    def _read_body(self, sock):
+        buf = bytearray(self.RECV_SIZE)
+        while self._running():
+            if self.paused_at is None and time.monotonic() >= self.pause_at:
+                self.paused_at, self.at_pause = time.monotonic(), self.total
+                if self._stop_event.wait(self.pause_s):
+                    return
+                queued = fcntl.ioctl(sock.fileno(), termios.FIONREAD,
+                                     struct.pack("i", 0))
+                self.queued_at_resume = struct.unpack("i", queued)[0]
+                self.at_resume, self.resumed_at = self.total, time.monotonic()
+            if self._recv_into(sock, buf) == 0:
+                return
+
+    def drained_at(self):
+        """When the bytes queued at the resume had been read (None: not
+        resumed, or not read yet)."""
+        if self.resumed_at is None:
+            return None
+        goal = self.at_resume + self.queued_at_resume
+        n = min(len(self.times), len(self.totals))
+        i = bisect.bisect_left(self.totals, goal, 0, n)
+        return self.times[i] if i < n else None
 
 
 class Measurement:
@@ -519,232 +639,3 @@ def ports_by_worker(port, source, wanted, host=SERVER_HOST, max_probes=200):
 def within(value, target, tolerance):
     """|value / target - 1| <= tolerance."""
     return abs(value / target - 1.0) <= tolerance
-
-
-# --------------------------------- slow readers, short and repeated requests
-# (the shared-budget scenarios of test_budget.py)
-
-def _range_request(path, host, port, size, keepalive):
-    """GET of the first `size` bytes of path (206 Partial Content)."""
-    return ("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: trafficrate-it\r\n"
-            "Range: bytes=0-%d\r\nConnection: %s\r\n\r\n"
-            % (path, host, port, size - 1, "keep-alive" if keepalive else "close")
-            ).encode()
-
-
-class PacedDownload(Download):
-    """A Download read slowly: SO_RCVBUF is set to `rcvbuf` before connecting
-    (the kernel doubles it) so that little waits on the client's side, and
-    the body is read at `read_rate` B/s at most (a token bucket of
-    READ_CHUNK-byte reads holding at most 2 chunks of credit). The server's
-    send queue stays full, so its connection keeps sending, slowly."""
-
-    READ_CHUNK = 2048
-
-    def __init__(self, port, source=None, read_rate=20480, rcvbuf=16384, **kw):
-        super().__init__(port, source, **kw)
-        self.read_rate, self.rcvbuf = read_rate, rcvbuf
-
-    def _connect(self):
-        return _connect(self.port, self.source, self.host,
-                        source_port=self.source_port, rcvbuf=self.rcvbuf)
-
-    def _read_body(self, sock):
-        buf = bytearray(self.READ_CHUNK * 2)
-        credit, last = 0.0, time.monotonic()
-        while self._running():
-            now = time.monotonic()
-            credit = min(credit + (now - last) * self.read_rate, 2.0 * self.READ_CHUNK)
-            last = now
-            if credit < self.READ_CHUNK:
-                self._stop_event.wait((self.READ_CHUNK - credit) / self.read_rate)
-                continue
-            n = self._recv_into(sock, buf, int(credit))
-            if n == 0:
-                return
-            if n:  # None: a receive timeout, nothing came
-                credit -= n
-
-
-class _Fetch:
-    """One Range GET on its own connection (RangeFetches)."""
-
-    def __init__(self):
-        self.times = array.array("d")
-        self.totals = array.array("q")
-        self.total = 0
-        self.started_at = None
-        self.ended_at = None
-        self.status = None
-        self.complete = False  # the whole range, then EOF
-        self.error = None
-
-    def bytes_at(self, t):
-        n = min(len(self.times), len(self.totals))
-        i = bisect.bisect_right(self.times, t, 0, n)
-        return self.totals[i - 1] if i else 0
-
-
-class RangeFetches(threading.Thread):
-    """New connections from one source, each one GET of the first `size`
-    bytes of `path` (a Range request, Connection: close), read flat out to
-    the server's FIN.
-
-    interval: start one every `interval` s, each on its own thread, in
-    parallel; None: back to back, one at a time, the next as soon as the
-    previous one ended. From start_at until stop_at, at most max_fetches.
-    Like a Download it has source, label, error, eof, bytes_at() and rate(),
-    over the body bytes of all its fetches, so Measurement and bucket_rates()
-    take it.
-    """
-
-    RECV_SIZE = 256 * 1024
-
-    def __init__(self, port, source=None, size=64 * 1024, interval=0.1,
-                 path=BIG_FILE, label=None, start_at=None, stop_at=None,
-                 max_fetches=200, host=SERVER_HOST, recv_timeout=0.25):
-        super().__init__(daemon=True)
-        self.port, self.source, self.path, self.host = port, source, path, host
-        self.size, self.interval, self.max_fetches = size, interval, max_fetches
-        self.label = label or "%s ranges" % (source or "default")
-        self.start_at = start_at if start_at is not None else time.monotonic()
-        self.stop_at = stop_at if stop_at is not None else self.start_at + 10.0
-        self.recv_timeout = recv_timeout
-        self.fetches = []
-        self.threads = []
-        self.eof = False
-        self._stop_event = threading.Event()
-
-    @property
-    def error(self):
-        errors = [f.error for f in self.fetches if f.error]
-        return ("%d of %d fetches failed, first: %s" % (
-            len(errors), len(self.fetches), errors[0])) if errors else None
-
-    def stop(self):
-        self._stop_event.set()
-
-    def _running(self):
-        return not self._stop_event.is_set() and time.monotonic() < self.stop_at
-
-    def run(self):
-        delay = self.start_at - time.monotonic()
-        if delay > 0 and self._stop_event.wait(delay):
-            return
-        while self._running() and len(self.fetches) < self.max_fetches:
-            fetch = _Fetch()
-            self.fetches.append(fetch)
-            if self.interval is None:
-                self._fetch(fetch)
-                continue
-            t = threading.Thread(target=self._fetch, args=(fetch,), daemon=True)
-            self.threads.append(t)
-            t.start()
-            next_at = self.start_at + len(self.fetches) * self.interval
-            self._stop_event.wait(max(0.0, next_at - time.monotonic()))
-
-    def join(self, timeout=None):
-        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        super().join(timeout)
-        for t in list(self.threads):
-            t.join(max(0.0, deadline - time.monotonic()))
-
-    def _fetch(self, fetch):
-        fetch.started_at = time.monotonic()
-        try:
-            with _connect(self.port, self.source, self.host) as sock:
-                sock.settimeout(self.recv_timeout)
-                sock.sendall(_range_request(self.path, self.host, self.port,
-                                            self.size, keepalive=False))
-                fetch.status, _, body = _read_head(sock, time.monotonic() + 10.0)
-                if fetch.status != 206:
-                    raise RuntimeError("HTTP status %d" % fetch.status)
-                fetch.total = len(body)
-                fetch.times.append(time.monotonic())
-                fetch.totals.append(fetch.total)
-                buf = bytearray(self.RECV_SIZE)
-                while self._running():
-                    try:
-                        n = sock.recv_into(buf)
-                    except socket.timeout:
-                        continue
-                    if n == 0:
-                        fetch.complete = fetch.total == self.size
-                        break
-                    fetch.total += n
-                    fetch.times.append(time.monotonic())
-                    fetch.totals.append(fetch.total)
-        except Exception as e:  # reported through .error
-            fetch.error = "%s: %s" % (type(e).__name__, e)
-        finally:
-            fetch.ended_at = time.monotonic()
-
-    def bytes_at(self, t):
-        return sum(f.bytes_at(t) for f in list(self.fetches))
-
-    def rate(self, t0, t1):
-        return (self.bytes_at(t1) - self.bytes_at(t0)) / (t1 - t0)
-
-    def in_flight(self, t):
-        """Fetches started by t and not yet ended at t."""
-        return sum(1 for f in list(self.fetches) if f.started_at is not None
-                   and f.started_at <= t and (f.ended_at is None or f.ended_at > t))
-
-    def summary(self):
-        done = [f for f in self.fetches if f.complete]
-        durations = sorted(f.ended_at - f.started_at for f in done)
-        return ("%s: %d fetches of %d B, %d complete (duration median %.2f s, "
-                "max %.2f s), %d failed" % (
-                    self.label, len(self.fetches), self.size, len(done),
-                    durations[len(durations) // 2] if durations else 0.0,
-                    durations[-1] if durations else 0.0,
-                    sum(1 for f in self.fetches if f.error)))
-
-
-class KeepaliveRequests(threading.Thread):
-    """One keep-alive connection from `source` doing sequential GETs of the
-    first `size` bytes of `path` (Range requests), each read completely
-    before the next is sent, from start_at until stop_at, at most
-    max_requests. Counts requests and body bytes."""
-
-    def __init__(self, port, source=None, size=4096, path=BIG_FILE,
-                 start_at=None, stop_at=None, max_requests=1000000,
-                 host=SERVER_HOST):
-        super().__init__(daemon=True)
-        self.port, self.source, self.path, self.host = port, source, path, host
-        self.size, self.max_requests = size, max_requests
-        self.start_at = start_at if start_at is not None else time.monotonic()
-        self.stop_at = stop_at if stop_at is not None else self.start_at + 10.0
-        self.requests = 0
-        self.total = 0
-        self.error = None
-        self._stop_event = threading.Event()
-
-    def stop(self):
-        self._stop_event.set()
-
-    def run(self):
-        try:
-            delay = self.start_at - time.monotonic()
-            if delay > 0 and self._stop_event.wait(delay):
-                return
-            request = _range_request(self.path, self.host, self.port, self.size,
-                                     keepalive=True)
-            with _connect(self.port, self.source, self.host) as sock:
-                sock.settimeout(2.0)
-                while (not self._stop_event.is_set() and self.requests < self.max_requests
-                       and time.monotonic() < self.stop_at):
-                    sock.sendall(request)
-                    status, headers, body = _read_head(sock, time.monotonic() + 5.0)
-                    if status != 206:
-                        raise RuntimeError("HTTP status %d" % status)
-                    length = int(headers["content-length"])
-                    while len(body) < length:
-                        chunk = sock.recv(length - len(body))
-                        if not chunk:
-                            raise ConnectionError("keep-alive connection closed")
-                        body += chunk
-                    self.requests += 1
-                    self.total += len(body)
-        except Exception as e:  # reported through .error
-            self.error = "%s: %s" % (type(e).__name__, e)

@@ -5,6 +5,14 @@ MTU 1500; scripts/test.sh does:
     unshare -n sh -c 'ip link set lo up mtu 1500 && /usr/bin/python3 -m pytest tests/integration'
 The library comes from $TRAFFICRATE_BUILD_DIR (default <repo>/build); a test
 that needs it fails (never skips) when libtrafficrate.so is missing.
+
+Every byte checked: every response body a client of clients.py receives is
+judged (bodies.py: the SHA-256 of what arrived against the served file's
+bytes at the same place, partial bodies as far as they came). Right after
+each test's call the bodies it made (in its function fixtures too) are
+collected, and a test with a body that is not intact fails with one line per
+such body (URL, client, bytes, both digests). Bodies made in module
+fixtures are collected when the module ends (an error there).
 """
 
 import shutil
@@ -13,11 +21,50 @@ import pytest
 
 import harness
 
+_BODY_MARK = pytest.StashKey()
+
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "harness: checks of the test harness itself (no library needed); "
         "deselect with -m 'not harness'")
+    harness.LEDGER.enabled = True
+
+
+def _not_intact(found, summary):
+    return "bytes not intact in %d response bodies; %s:\n%s" % (
+        len(found), summary, "\n".join("  " + line for line in found[:20])
+        + ("\n  (%d more)" % (len(found) - 20) if len(found) > 20 else ""))
+
+
+@pytest.fixture(autouse=True)
+def _body_mark(request):
+    """Where this test's response bodies begin in the ledger (autouse, so
+    before the test's other function fixtures)."""
+    request.node.stash[_BODY_MARK] = harness.LEDGER.mark()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    """After the test ran: its bodies must all be intact (see the module
+    docstring). A test that failed anyway gets them as a report section."""
+    outcome = yield
+    found, summary = harness.LEDGER.collect(item.stash.get(_BODY_MARK, 0))
+    if found:
+        text = _not_intact(found, summary)
+        if outcome.excinfo is None:
+            pytest.fail(text, pytrace=False)
+        item.add_report_section("call", "bytes", text)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_bodies():
+    """Bodies made in module fixtures: judged when the module ends."""
+    mark = harness.LEDGER.mark()
+    yield
+    found, summary = harness.LEDGER.collect(mark)
+    if found:
+        pytest.fail(_not_intact(found, summary), pytrace=False)
 
 
 def pytest_report_header(config):
@@ -61,7 +108,8 @@ def session_dir():
 
 @pytest.fixture(scope="session")
 def webroot(session_dir):
-    """World-readable directory with big.bin (1 GiB, sparse) and small.txt."""
+    """World-readable directory with big.bin (256 MiB), medium.bin and
+    small.txt (netns_env.make_webroot)."""
     return harness.make_webroot(session_dir)
 
 

@@ -66,7 +66,9 @@ def _demo(args):
                   "connections" % (target, target / 1024.0))
         print()
 
-        dset = DownloadSet(server.port, plan, duration=args.duration).start()
+        # repeat: an unpaced download (--no-preload) may finish the file.
+        dset = DownloadSet(server.port, plan, duration=args.duration,
+                           repeat=True).start()
         if not dset.wait_started(10.0):
             print("demo: downloads did not start: %s" % dset.errors(), file=sys.stderr)
             return 1

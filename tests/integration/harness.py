@@ -9,7 +9,10 @@ the code lives in sibling modules and is re-exported here:
   * netns_env.py, environment: build_dir(), library_path(), cli_path(),
     namespace_problems(), sysctl(); zones: unique_zone(), zone_path(),
     remove_zone(), preload_env(); files: make_workdir(), make_webroot()
-    (big.bin is a sparse 1 GiB file), free_port().
+    (big.bin: 256 MiB, medium.bin: 384 KiB, both seeded pseudo-random
+    bytes; small.txt), free_port(); what they hold: BIG_CONTENT,
+    MEDIUM_CONTENT, SMALL_CONTENT (sha256(n) of any prefix, cached),
+    content_for(path), register_content() for a test's own files.
   * procs.py, processes by pid: wait_for(), pid_alive(), proc_starttime(),
     children(), descendants(), kill_pid().
   * servers.py: NginxServer (real Debian nginx, master + N workers, daemon
@@ -19,10 +22,20 @@ the code lives in sibling modules and is re-exported here:
     and bounded waits.
   * clients.py: Download (one HTTP GET from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic()),
-    DownloadSet / run_downloads() to run many in parallel, Measurement for
-    rates over a window, open_keepalive() for idle keep-alive connections;
+    DownloadSet / run_downloads() to run many in parallel, KeepaliveDownload
+    (many GETs on one keep-alive connection), PausingDownload (stops reading
+    for a while), Measurement for rates over a window, open_keepalive() for
+    idle keep-alive connections;
     socket_owners() (which pid holds which TCP connection, via ss) and
     ports_by_worker().
+  * budget_clients.py: the shared-budget scenarios' clients (PacedDownload,
+    a slow reader; RangeFetches; KeepaliveRequests).
+  * bodies.py: every client hands each response body to a Body, which
+    undoes chunked framing and gzip and hashes the content; LEDGER holds
+    their verdicts, and conftest.py fails a test any of whose bodies is not
+    the served file's bytes (SHA-256 of what arrived vs the file's bytes at
+    the same place). check_bodies(downloads) / body_problems() judge
+    chosen ones now.
   * cli_tools.py: run_cli(), stat_json(), key_stat(), wait_key_count(),
     placed_ports().
   * demo.py: the live demo and this file's command line (main()).
@@ -35,23 +48,29 @@ MTU 1500 (see DESIGN.md, "Facts measured on these machines"):
 import signal
 import sys
 
+from bodies import LEDGER, Body
+from bodies import check as check_bodies
+from bodies import problems as body_problems
 from cli_tools import (key_stat, placed_ports, run_cli, stat_json,
                        wait_key_count)
+from budget_clients import PacedDownload
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
-                     Measurement, PacedDownload, bucket_rates, established,
-                     http_get,
-                     keepalive_get, open_keepalive, ports_by_worker,
-                     probe_owner, run_downloads, socket_owners, within)
+                     KeepaliveDownload, Measurement, PausingDownload,
+                     bucket_rates, established, http_get, keepalive_get,
+                     open_keepalive, ports_by_worker, probe_owner,
+                     run_downloads, socket_owners, within)
 # A private name, but tests connect from chosen source ports with it.
 from clients import _connect
 from demo import main
-from netns_env import (BIG_FILE, BIG_FILE_SIZE, NGINX, PYSERVER, PYTHON,
-                       REPO_ROOT, RUN_HINT, SERVER_HOST, SMALL_FILE, build_dir,
-                       cli_path, free_port, interface_mtu, interface_up,
-                       library_path, make_webroot, make_workdir,
+from netns_env import (BIG_CONTENT, BIG_FILE, BIG_FILE_SIZE, MEDIUM_CONTENT,
+                       MEDIUM_FILE, MEDIUM_FILE_SIZE, NGINX, PYSERVER, PYTHON,
+                       REPO_ROOT, RUN_HINT, SERVER_HOST, SMALL_CONTENT,
+                       SMALL_FILE, BytesContent, RepeatingContent, build_dir,
+                       cli_path, content_for, free_port, interface_mtu,
+                       interface_up, library_path, make_webroot, make_workdir,
                        namespace_problems, parse_rate, preload_env,
-                       remove_zone, server_environment, sysctl, unique_zone,
-                       zone_path)
+                       register_content, remove_zone, server_environment,
+                       sysctl, unique_zone, zone_path)
 from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
                    proc_starttime, wait_for)
 from servers import (ApacheServer, LighttpdServer, NginxServer, NodeServer,

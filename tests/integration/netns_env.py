@@ -7,18 +7,29 @@ What the tests and the demo need before any server runs:
     lo up at MTU 1500), interface_mtu(), interface_up(), sysctl();
   * zones: unique_zone(), zone_path(), remove_zone(), and the environments
     preload_env() (a server under the library) and server_environment();
-  * files: make_workdir(), make_webroot() (big.bin is a sparse 1 GiB file),
-    free_port().
+  * files: make_workdir(), make_webroot() (big.bin, 256 MiB, and
+    medium.bin, 384 KiB, of seeded pseudo-random bytes; small.txt), and
+    free_port();
+  * what the served files hold, to check every byte a client receives:
+    BIG_CONTENT, MEDIUM_CONTENT, SMALL_CONTENT (RepeatingContent /
+    BytesContent: sha256(n, offset) of any span, cached), content_for(path)
+    (a served URL path -> its content, or None) and register_content() for
+    a test's own files or URL paths.
 
 Standard library only; import it through harness (`import harness`).
 """
 
+import atexit
 import fcntl
+import hashlib
 import os
+import random
 import re
+import shutil
 import socket
 import struct
 import tempfile
+import threading
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +38,13 @@ PYTHON = "/usr/bin/python3"
 PYSERVER = Path(__file__).resolve().with_name("pyserver.py")
 SERVER_HOST = "127.0.0.1"
 BIG_FILE = "/big.bin"
+MEDIUM_FILE = "/medium.bin"
 SMALL_FILE = "/small.txt"
-BIG_FILE_SIZE = 1 << 30
+# 256 MiB: about 8 minutes at 500k, and more than any test downloads in one
+# response at the rates they use (unpaced downloads that may reach the end
+# use Download(repeat=True), or account for the EOF).
+BIG_FILE_SIZE = 256 << 20
+MEDIUM_FILE_SIZE = (384 << 10) + 3  # ~0.37 s at 1m: many on one connection
 RUN_HINT = ("run the suite via scripts/test.sh, or: cd %s && unshare -n sh -c "
             "'ip link set lo up mtu 1500 && /usr/bin/python3 -m pytest "
             "tests/integration'" % REPO_ROOT)
@@ -159,6 +175,136 @@ def server_environment(extra):
     return env
 
 
+# ------------------------------------------------------------ served content
+
+class RepeatingContent:
+    """What a served file holds: one seeded pseudo-random block repeated
+    (byte i is block[i % block_size]), `size` bytes in all. A block size
+    that is no power of two (1 MiB + 13 for big.bin) keeps the repeats off
+    page, buffer and TCP segment boundaries, so a misplaced or repeated
+    chunk of the body shows in its digest.
+
+    sha256(n, offset) is the hex SHA-256 of bytes [offset, offset + n);
+    prefixes (offset 0, what the clients check) come from hash states kept
+    at every block boundary, so one costs at most one block of hashing
+    once those are built (one pass over the file, done once). Thread-safe.
+    """
+
+    def __init__(self, name, size, block_size, seed):
+        self.name, self.size = name, size
+        self.block_size, self.seed = block_size, seed
+        self._block = None
+        self._states = []  # _states[k]: hash of the first k blocks
+        self._cache = {}
+        self._lock = threading.Lock()
+
+    @property
+    def block(self):
+        if self._block is None:
+            self._block = random.Random(self.seed).randbytes(self.block_size)
+        return self._block
+
+    def pieces(self, offset, n):
+        """memoryviews of the block covering bytes [offset, offset + n)."""
+        block, size = memoryview(self.block), self.block_size
+        while n > 0:
+            start = offset % size
+            k = min(n, size - start)
+            yield block[start:start + k]
+            offset += k
+            n -= k
+
+    def read(self, offset, n):
+        return b"".join(self.pieces(offset, n))
+
+    def sha256(self, n, offset=0):
+        with self._lock:
+            key = (offset, n)
+            if key not in self._cache:
+                self._cache[key] = self._digest(n, offset)
+            return self._cache[key]
+
+    def _digest(self, n, offset):
+        if offset:
+            h = hashlib.sha256()
+            for piece in self.pieces(offset, n):
+                h.update(piece)
+            return h.hexdigest()
+        blocks, rest = divmod(n, self.block_size)
+        if not self._states:
+            self._states.append(hashlib.sha256())
+        while len(self._states) <= blocks:
+            h = self._states[-1].copy()
+            h.update(self.block)
+            self._states.append(h)
+        h = self._states[blocks].copy()
+        h.update(memoryview(self.block)[:rest])
+        return h.hexdigest()
+
+    def write(self, path, size=None):
+        """Write the first `size` (default: all) bytes to path."""
+        size = self.size if size is None else size
+        run = memoryview(self.block * max(1, (8 << 20) // self.block_size))
+        with open(path, "wb") as f:
+            done = 0
+            while done < size:  # whole runs keep the block phase right
+                k = min(size - done, len(run))
+                f.write(run[:k])
+                done += k
+
+
+class BytesContent:
+    """What a served file holds, given as bytes (a test's own random file,
+    small.txt). Same interface as RepeatingContent."""
+
+    def __init__(self, name, data):
+        self.name, self.data, self.size = name, bytes(data), len(data)
+        self._cache = {}
+
+    def read(self, offset, n):
+        return self.data[offset:offset + n]
+
+    def sha256(self, n, offset=0):
+        key = (offset, n)
+        if key not in self._cache:
+            self._cache[key] = hashlib.sha256(
+                memoryview(self.data)[offset:offset + n]).hexdigest()
+        return self._cache[key]
+
+    def write(self, path, size=None):
+        with open(path, "wb") as f:
+            f.write(self.data if size is None else self.data[:size])
+
+
+BIG_CONTENT = RepeatingContent("big.bin", BIG_FILE_SIZE, (1 << 20) + 13, seed=1)
+MEDIUM_CONTENT = RepeatingContent("medium.bin", MEDIUM_FILE_SIZE,
+                                  MEDIUM_FILE_SIZE, seed=2)
+SMALL_CONTENT = BytesContent("small.txt", b"trafficrate small file\n" * 100)
+_BUILT_IN = {BIG_FILE: BIG_CONTENT, MEDIUM_FILE: MEDIUM_CONTENT,
+             SMALL_FILE: SMALL_CONTENT}
+_registered = {}
+
+
+def register_content(path, content):
+    """From now on the URL path `path` serves `content` (bytes, or a
+    RepeatingContent/BytesContent): for a test's own files (e.g.
+    "/tls.bin"), or other URLs of a known file (an alias, a proxy's
+    "/via/big.bin"). A later registration of the same path replaces it.
+    Returns the content object."""
+    if isinstance(content, (bytes, bytearray, memoryview)):
+        content = BytesContent(path.rsplit("/", 1)[-1], content)
+    _registered[path] = content
+    return content
+
+
+def content_for(path):
+    """The content the URL path serves (query string ignored): registered
+    ones first, then big.bin, medium.bin and small.txt of make_webroot();
+    None if unknown."""
+    path = path.split("?", 1)[0]
+    return _registered.get(path) or _BUILT_IN.get(path)
+
+
 # ---------------------------------------------------------------------- files
 
 def make_workdir(prefix="trafficrate-it-"):
@@ -171,15 +317,44 @@ def make_workdir(prefix="trafficrate-it-"):
     return path
 
 
+_big_cache = {}  # size -> path of a big.bin this process wrote once
+
+
+def _cached_big(size):
+    """A big.bin of `size` bytes in a private directory, written once per
+    process (removed at exit); webroots get hard links to it."""
+    path = _big_cache.get(size)
+    if path is None or not path.exists():
+        cache = Path(tempfile.mkdtemp(prefix="trafficrate-content-", dir="/tmp"))
+        cache.chmod(0o755)
+        atexit.register(shutil.rmtree, cache, True)
+        path = cache / "big.bin"
+        BIG_CONTENT.write(path, size)
+        path.chmod(0o644)
+        _big_cache[size] = path
+    return path
+
+
 def make_webroot(parent, big_size=BIG_FILE_SIZE):
-    """parent/www with big.bin (sparse) and small.txt, world-readable."""
+    """parent/www, world-readable, with big.bin (the first big_size bytes of
+    BIG_CONTENT; the full size is written once per process and linked),
+    medium.bin (MEDIUM_CONTENT) and small.txt (SMALL_CONTENT)."""
     www = Path(parent) / "www"
     www.mkdir(mode=0o755, exist_ok=True)
     www.chmod(0o755)
-    with open(www / "big.bin", "wb") as f:
-        f.truncate(big_size)
-    (www / "small.txt").write_text("trafficrate small file\n" * 100)
-    for name in ("big.bin", "small.txt"):
+    big = www / "big.bin"
+    if big.exists():
+        big.unlink()
+    if big_size >= (64 << 20):
+        try:
+            os.link(_cached_big(big_size), big)
+        except OSError:  # another file system: copy it
+            shutil.copyfile(_cached_big(big_size), big)
+    else:
+        BIG_CONTENT.write(big, big_size)
+    MEDIUM_CONTENT.write(www / "medium.bin")
+    SMALL_CONTENT.write(www / "small.txt")
+    for name in ("big.bin", "medium.bin", "small.txt"):
         (www / name).chmod(0o644)
     return www
 

@@ -33,8 +33,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import harness
-# New helpers of clients.py (harness re-exports only the older ones).
-from clients import KeepaliveRequests, PacedDownload, RangeFetches
+# The shared-budget clients (harness re-exports only PacedDownload).
+from budget_clients import KeepaliveRequests, PacedDownload, RangeFetches
 
 RATE = "500k"
 TARGET = 512000  # B/s per client IP
@@ -314,6 +314,7 @@ def fetch_closing(port, size, rate_change=None, timeout=30.0):
                       "Connection: close\r\n\r\n" % (harness.BIG_FILE, size - 1)
                       ).encode())
         head, body, first, marks, fin = b"", 0, None, [], False
+        checked = None  # the body's bodies.Body: every byte checked
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -323,14 +324,24 @@ def fetch_closing(port, size, rate_change=None, timeout=30.0):
             now = time.monotonic()
             if data == b"":
                 fin = True
+                if checked:
+                    checked.end()
                 break
             if data:
                 if head is not None:
                     head += data
                     if b"\r\n\r\n" not in head:
                         continue
-                    data = head.split(b"\r\n\r\n", 1)[1]
+                    head, data = head.split(b"\r\n\r\n", 1)
+                    lines = head.decode("latin-1").split("\r\n")
+                    checked = harness.Body(
+                        harness.BIG_FILE, {
+                            name.strip().lower(): value.strip()
+                            for name, _, value in (l.partition(":")
+                                                   for l in lines[1:])},
+                        int(lines[0].split()[1]), label=CLIENT)
                     head = None
+                checked.feed(data)
                 body += len(data)
                 if first is None and body:
                     first = now

@@ -34,7 +34,10 @@ def test_a_damaged_zone_is_left_reported_removed_and_replaced(servers, lib_env,
                                                                zone):
     server = servers.nginx(env=lib_env(RATE), workers=2)
     workers = set(harness.children(server.proc.pid))
-    dset = harness.DownloadSet(server.port, [CLIENT] * 2, duration=12.0).start()
+    # repeat: once unpaced, a download may finish the file (256 MiB in about
+    # a second here) and must go on for the unpaced rate to be measured.
+    dset = harness.DownloadSet(server.port, [CLIENT] * 2, duration=12.0,
+                               repeat=True).start()
     try:
         assert dset.wait_started(10.0), dset.errors()
         governed = harness.wait_for(

@@ -5,8 +5,14 @@ kernel pacing (SO_MAX_PACING_RATE, what the library sets) applied statically
 by pyserver.py --pace. If the client-side measurement reads them within 3%,
 the harness can be trusted to judge trafficrate. Also checks that source
 addresses, worker discovery, keep-alive helpers and server shutdown behave as
-the other tests assume.
+the other tests assume, and that the check of every byte (bodies.py, run
+after each test by conftest.py) reports a flipped byte.
 """
+
+import gzip
+import hashlib
+import socket
+import threading
 
 import pytest
 
@@ -172,3 +178,91 @@ def test_stop_ends_workers_orphaned_by_a_killed_master(servers):
     assert server.wait_exit(5.0) is not None
     server.stop()
     assert not [pid for pid in workers if harness.pid_alive(pid)]
+
+
+# ------------------------------------------- the check of every byte itself
+
+class OneShotServer(threading.Thread):
+    """Answers each connection on 127.0.0.1 with one canned response (no
+    library): the first N bytes of big.bin, with one byte flipped if
+    `corrupt_at` is set, as Content-Length, chunked, or chunked gzip."""
+
+    def __init__(self, n, framing, corrupt_at=None):
+        super().__init__(daemon=True)
+        body = bytearray(harness.BIG_CONTENT.read(0, n))
+        if corrupt_at is not None:
+            body[corrupt_at] ^= 0x01
+        head = "HTTP/1.1 200 OK\r\nConnection: close\r\n"
+        if framing == "gzip":
+            body = gzip.compress(bytes(body), 1)
+            head += "Content-Encoding: gzip\r\n"
+        if framing == "length":
+            head += "Content-Length: %d\r\n\r\n" % len(body)
+            payload = bytes(body)
+        else:
+            head += "Transfer-Encoding: chunked\r\n\r\n"
+            pieces = [bytes(body[i:i + 9000]) for i in range(0, len(body), 9000)]
+            payload = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+        self.response = head.encode() + payload
+        self.listener = socket.create_server((harness.SERVER_HOST, 0))
+        self.listener.settimeout(5.0)
+        self.port = self.listener.getsockname()[1]
+
+    def run(self):
+        with self.listener:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.response)
+
+
+def fetch_from(server):
+    server.start()
+    d = harness.Download(server.port, "127.0.0.2", label="corrupt-test")
+    d.start()
+    d.join(10.0)
+    server.join(5.0)
+    assert not d.error and d.eof, d.error
+    return d
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "gzip"])
+def test_a_flipped_byte_is_reported_with_url_bytes_and_digests(framing):
+    n = 300000
+    intact = fetch_from(OneShotServer(n, framing))
+    found, summary = harness.body_problems([intact])
+    assert found == [] and summary.startswith("1 response bodies checked (%d " % n), (
+        found, summary)
+    bad = fetch_from(OneShotServer(n, framing, corrupt_at=123457))
+    found, summary = harness.body_problems([bad])
+    print("\n%s: %s" % (framing, found))
+    assert len(found) == 1, (found, summary)
+    line = found[0]
+    assert "http://%s:%d%s" % (harness.SERVER_HOST, bad.port, harness.BIG_FILE) in line
+    assert "corrupt-test" in line and "bytes differ" in line and str(n) in line
+    corrupted = bytearray(harness.BIG_CONTENT.read(0, n))
+    corrupted[123457] ^= 0x01
+    assert "SHA-256 of the %d bytes received %s" % (
+        n, hashlib.sha256(corrupted).hexdigest()) in line  # got
+    assert line.endswith(harness.BIG_CONTENT.sha256(n))  # expected
+
+
+def test_unknown_content_is_a_problem_unless_skipped():
+    body = harness.Body("/nowhere.bin", {"content-length": "3"}, url="/nowhere.bin")
+    body.feed(b"abc")
+    skipped = harness.Body("/nowhere.bin", {"content-length": "3"}, verify=False)
+    skipped.feed(b"abc")
+    found, summary = harness.body_problems([body, skipped])
+    assert len(found) == 1 and "unknown content" in found[0], found
+    assert summary.endswith("1 skipped"), summary
+
+
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="the check after the test must fail it")
+def test_the_check_after_each_test_fails_a_test_with_a_corrupt_body():
+    """Leaves a corrupt body to conftest.py's check after the test: it must
+    fail this test (xfail strict: passing would be an error)."""
+    fetch_from(OneShotServer(100000, "length", corrupt_at=99999))

@@ -120,7 +120,7 @@ def test_ipv6_prefix_key_and_exempt_network(servers, lib_env, zone):
     assert set(keys) == {"fd00::/64"}, report
     assert keys["fd00::/64"]["connections"] == 4, report
     # The exempt network is never registered and runs unpaced: over its
-    # whole download, which may well end (the 1 GiB file) before the window.
+    # whole download, which may well end (the 256 MiB file) before the window.
     d = exempt.downloads[0]
     end = d.finished_at if d.eof else d.times[-1]
     unpaced = d.total / max(end - d.first_byte_at, 1e-3)

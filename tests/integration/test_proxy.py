@@ -33,6 +33,9 @@ def test_proxy_governs_clients_not_its_upstream(servers, lib_env, zone):
                       "    }" % (harness.SERVER_HOST, backend.port,
                                  UPSTREAM_SOURCE)))
     proxy.title += ", proxy_pass to %s" % backend.title
+    # What the proxy's URLs serve: the backend's files (every byte checked).
+    for name in (harness.SMALL_FILE, harness.BIG_FILE):
+        harness.register_content("/via" + name, harness.content_for(name))
     path = "/via" + harness.SMALL_FILE
     status, _, body = harness.http_get(proxy.port, path=path)
     direct = harness.http_get(backend.port)[2]

@@ -182,6 +182,7 @@ def span(test_namespace):
     result = Span()
     result.content = os.urandom(FILE_SIZE)
     (webroot / FILE_NAME).write_bytes(result.content)
+    harness.register_content("/" + FILE_NAME, result.content)
     (webroot / ARIA_FILE).write_bytes(os.urandom(ARIA_SIZE))
     for name in (FILE_NAME, ARIA_FILE):
         (webroot / name).chmod(0o644)
@@ -227,7 +228,7 @@ def span(test_namespace):
                 run.dset.downloads.append(harness.Download(
                     run.server.port, source, "/" + FILE_NAME,
                     label="%s#%d" % (source, n + 1), start_at=start_at,
-                    stop_at=start_at + DURATION, digest=True))
+                    stop_at=start_at + DURATION))
             run.dset.start()
         if result.aria_error is None:
             result.aria = Aria2c("http://%s:%d/%s" % (
@@ -289,12 +290,12 @@ def check_server(span, name):
     assert harness.within(m.source_rate(run.client_a), TARGET, 0.05), report
     assert harness.within(m.source_rate(run.client_b), TARGET, 0.05), report
     assert (run.stat_a["connections"], run.stat_a["active"]) == (4, 4), report
-    # Every byte received is the file's, in order.
-    for d in run.dset.downloads:
-        assert d.total > 0, report
-        expected = hashlib.sha256(span.content[:d.total]).hexdigest()
-        assert d.digest.hexdigest() == expected, "%s: bytes differ\n%s" % (
-            d.label, report)
+    # Every byte received is the file's, in order (judged here, so that
+    # each server's test says it; the ledger leaves these bodies out).
+    assert all(d.total > 0 for d in run.dset.downloads), report
+    found, summary = harness.body_problems(run.dset.downloads)
+    print(summary)
+    assert not found, "%s\n%s" % ("\n".join(found), report)
     return run
 
 

@@ -9,6 +9,7 @@ started during a stall, which the library governs once the lock is free
 again. The library counts and says what happened.
 """
 
+import hashlib
 import os
 import re
 import signal
@@ -72,7 +73,8 @@ class LockHolder:
             self.proc.wait(5.0)
 
 
-def test_a_stopped_lock_holder_does_not_stall_nginx(servers, lib_env, zone):
+def test_a_stopped_lock_holder_does_not_stall_nginx(servers, lib_env, zone,
+                                                    workdir):
     """Windows with the lock held by a stopped process alternate with windows
     without, so that the machine's own swings in speed fall on both."""
     server = servers.nginx(env=lib_env(RATE), workers=2)
@@ -84,6 +86,7 @@ def test_a_stopped_lock_holder_does_not_stall_nginx(servers, lib_env, zone):
     # a download at full speed would take the CPU that the requests/s are
     # measured with.
     late = None
+    late_file = workdir / "late.bin"
     late_running = False
     holder = None
     free, held, stalled = [], [], []  # wrk results; stalled: (t0, t1)
@@ -98,7 +101,7 @@ def test_a_stopped_lock_holder_does_not_stall_nginx(servers, lib_env, zone):
             t1 = time.monotonic()
             if cycle == 0:
                 late = subprocess.Popen(
-                    ["curl", "-sS", "-o", "/dev/null", "--max-time", "60",
+                    ["curl", "-sS", "-o", str(late_file), "--max-time", "60",
                      "--limit-rate", str(2 * TARGET), "--interface",
                      LATE_CLIENT, "http://%s:%d%s" % (
                          harness.SERVER_HOST, server.port, harness.BIG_FILE)],
@@ -127,15 +130,21 @@ def test_a_stopped_lock_holder_does_not_stall_nginx(servers, lib_env, zone):
                         for d in downloads.downloads for a, b in stalled)
     stalled_time = sum(b - a for a, b in stalled)
     log = "\n".join(server.trafficrate_lines())
+    # What curl wrote is big.bin's first bytes (it was stopped mid-way).
+    late_bytes = late_file.read_bytes() if late_file.exists() else b""
+    late_intact = (hashlib.sha256(late_bytes).hexdigest()
+                   == harness.BIG_CONTENT.sha256(len(late_bytes)))
     timeouts = [doc["counters"]["lock_timeouts"] for doc in stats]
     report = ("%s\nrequests/s (wrk, Connection: close): lock free %.0f, held "
               "by a stopped process %.0f (%.2f); per window free %s, held %s; "
               "slowest request %.3f s; problems %s\n"
-              "downloads while held: %.0f B/s for %s\n"
+              "downloads while held: %.0f B/s for %s; the late download "
+              "wrote %d bytes, intact: %s\n"
               "lock_timeouts after each stall %s\nlog:\n%s") % (
         server.title, free_rate, stall_rate, stall_rate / max(free_rate, 1),
         ["%.0f" % r for r, _, _ in free], ["%.0f" % r for r, _, _ in held],
-        slowest, problems[:3], stalled_bytes / stalled_time, RATE, timeouts,
+        slowest, problems[:3], stalled_bytes / stalled_time, RATE,
+        len(late_bytes), late_intact, timeouts,
         log[-2000:])
     print("\n" + report)
     assert not problems and not downloads.errors(), report
@@ -150,4 +159,5 @@ def test_a_stopped_lock_holder_does_not_stall_nginx(servers, lib_env, zone):
     assert all(b > a for a, b in zip([0] + timeouts, timeouts)), report
     assert "zone lock" in log, report
     assert late_running, "the download started during a stall failed\n" + report
+    assert late_bytes and late_intact, report
     assert registered, report
