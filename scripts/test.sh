@@ -29,13 +29,26 @@ echo "== unit tests"
 ctest --test-dir build --output-on-failure -j2
 
 if ((!quick)); then
+  # The sanitizer builds at -O1 -g1 (what the sanitizers' own docs advise;
+  # a third less build time here than -O2 -g, stack traces keep their lines).
+  sanitizer_flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
   echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-  trafficrate_build build-asan -DTRAFFICRATE_SANITIZE=address,undefined
+  trafficrate_build build-asan -DTRAFFICRATE_SANITIZE=address,undefined \
+    "${sanitizer_flags[@]}"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2
 
   echo "== zone, fd table, governor and snapshot tests under ThreadSanitizer"
-  trafficrate_build build-tsan -DTRAFFICRATE_SANITIZE=thread
+  # Only the test programs that hold these suites (the rest would be built
+  # for nothing; ctest's -R below leaves their NOT_BUILT entries out).
+  tsan_targets=()
+  for test_file in "$TRAFFICRATE_ROOT"/tests/{zone,fd_table,governor,snapshot}*_test.cc; do
+    tsan_targets+=("$(basename "$test_file" .cc)")
+  done
+  cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_SANITIZE=thread \
+    "${sanitizer_flags[@]}" >/dev/null
+  cmake --build "$TRAFFICRATE_ROOT/build-tsan" --target "${tsan_targets[@]}"
   TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -j2 \
     -R '^(ZoneTest|ZoneLayoutTest|ZoneLockTest|FdTableTest|GovernorTest|GovernorPassTest|GovernorLockTest|SnapshotTest)\.'
