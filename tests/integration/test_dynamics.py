@@ -27,7 +27,6 @@ real path (RTT of milliseconds) the kernel sizes packets from the pacing rate
 the same runs gave every bucket from 1 s after a change within 0.5%.
 """
 
-import os
 import signal
 import time
 
