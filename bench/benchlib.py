@@ -14,6 +14,12 @@
     median(); thread_cpu() / watcher_tids() for CPU time from /proc.
   * Metric rows: row() builds one line of the final table (values of every
     share mode, the target interval, PASS/FAIL of the budget column).
+  * Comparators (issue 10): Bench.server() also starts nginx the way
+    operators limit it without the library, TOOLS: "limit_rate" (nginx's
+    per-connection limit_rate), "limit_conn" (limit_conn per IP plus
+    limit_rate), "trickle" / "trickle-nosendfile" (nginx run under
+    `trickle -s -u KB`); trickle_evidence() says why trickle cannot see
+    nginx's sockets.
 
 Standard library only (Debian's /usr/bin/python3). It imports the
 integration harness from tests/integration (harness.NginxServer,
@@ -29,6 +35,7 @@ import select
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +52,22 @@ SERVER_HOST = harness.SERVER_HOST  # 127.0.0.1
 BIG_FILE = harness.BIG_FILE        # /big.bin, 256 MiB of pseudo-random bytes
 SMALL_FILE_4K = "/4k.bin"
 LIB_MODES = ("equal", "budget")    # the table's columns
+# What operators use instead of the library (bench/README.md, "Comparators"),
+# measured in the accuracy scenario next to LIB_MODES. Every one runs nginx
+# without the library.
+LIMIT_CONN = 1  # connections per client IP under the limit_conn tool
+TOOLS = ("limit_rate", "limit_conn", "trickle", "trickle-nosendfile")
+TOOL_TEXT = {
+    "equal": "trafficrate, TRAFFICRATE_SHARE=equal",
+    "budget": "trafficrate, TRAFFICRATE_SHARE=budget",
+    "limit_rate": "nginx limit_rate RATE (per connection), no library",
+    "limit_conn": "nginx limit_conn_zone $binary_remote_addr; limit_conn addr %d;"
+                  " limit_rate RATE; no library" % LIMIT_CONN,
+    "trickle": "trickle -s -u RATE_KB nginx (sendfile on), no library",
+    "trickle-nosendfile": "trickle -s -u RATE_KB nginx with sendfile off, no library",
+}
+TRICKLE = "/usr/bin/trickle"
+TRICKLE_LIB = "trickle-overload.so"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -90,12 +113,14 @@ class Bench:
         self.library = harness.library_path()
         self.cli = harness.cli_path()
         self.warnings = []
+        self.tools = TOOLS     # comparators the accuracy scenario measures
+        self.tool_results = {}  # tool -> case -> figures (accuracy fills it)
 
     def close(self):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def env_for(self, mode, rate, zone, **variables):
-        if mode == "none":
+        if mode not in LIB_MODES:
             return {}
         return harness.preload_env(zone, rate, library=self.library,
                                    SHARE=mode, **variables)
@@ -104,21 +129,43 @@ class Bench:
     def server(self, mode, rate, workers=2, connections=1024, **variables):
         """nginx (reuseport, sendfile on) under share `mode` at `rate`;
         TRAFFICRATE_<NAME> variables as keywords (e.g. ZONE_SIZE="32m").
+        mode may also be "none" (no library, no limit) or one of TOOLS (no
+        library, nginx limited by that tool at `rate`).
         Yields the server; stops it (by pid) and removes its zone after."""
         zone = harness.unique_zone("bench-%s" % mode)
         harness.remove_zone(zone)
+        lib = mode in LIB_MODES
+        nginx_kw = {}
+        if mode in ("limit_rate", "limit_conn"):
+            nginx_kw["limit_rate"] = rate
+        if mode == "limit_conn":
+            nginx_kw["extra_http"] = (
+                "  limit_conn_zone $binary_remote_addr zone=addr:10m;")
+            nginx_kw["extra_server"] = ("    limit_conn addr %d;\n"
+                                        "    limit_conn_status 503;" % LIMIT_CONN)
+        if mode == "trickle-nosendfile":
+            nginx_kw["sendfile"] = False
         srv = BenchNginx(self.workdir, self.webroot, workers=workers,
                          reuseport=True, connections=connections,
-                         env=self.env_for(mode, rate, zone, **variables))
-        srv.zone = zone if mode != "none" else None
+                         env=self.env_for(mode, rate, zone, **variables),
+                         **nginx_kw)
+        if mode.startswith("trickle"):
+            # trickle sets LD_PRELOAD=trickle-overload.so and execs nginx:
+            # the pid we start is nginx's master. -u is in KB/s (1024 B).
+            srv.argv = [TRICKLE, "-s", "-u", str(max(1, harness.parse_rate(rate)
+                                                   // 1024))] + srv.argv
+        srv.zone = zone if lib else None
         srv.mode = mode
         try:
             srv.start(timeout=15.0)
             for pid in srv.worker_pids():
-                if _maps_library(pid) != (mode != "none"):
+                if _maps_library(pid) != lib:
                     raise RuntimeError("nginx worker %d (mode %s): libtrafficrate.so"
-                                       " is%s mapped" % (pid, mode, "" if mode ==
-                                                         "none" else " not"))
+                                       " is%s mapped" % (pid, mode, "" if not lib
+                                                         else " not"))
+            if mode.startswith("trickle"):
+                srv.trickle_mapped = {str(pid): _maps_library(pid, TRICKLE_LIB)
+                                      for pid in srv.worker_pids()}
             for line in srv.trafficrate_lines():
                 self.warn("nginx (%s): %s" % (mode, line))
             yield srv
@@ -171,12 +218,46 @@ class Bench:
         return {}
 
 
-def _maps_library(pid):
+def _maps_library(pid, name="libtrafficrate.so"):
     try:
         with open("/proc/%d/maps" % pid) as f:
-            return "libtrafficrate.so" in f.read()
+            return name in f.read()
     except OSError:
         return False
+
+
+def _dynsyms(path, defined):
+    """Dynamic symbol names of an ELF file (nm -D), defined or undefined
+    ones; None if nm is missing or fails."""
+    argv = ["nm", "-D", "--defined-only" if defined else "--undefined-only", path]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return {line.split()[-1].split("@")[0] for line in out.stdout.splitlines()
+            if line.split()}
+
+
+# The socket calls a shaper must intercept to see and pace nginx's sending.
+_SOCKET_CALLS = ("accept", "accept4", "socket", "send", "sendto", "sendmsg",
+                 "write", "writev", "sendfile", "sendfile64", "select", "poll",
+                 "epoll_wait")
+
+
+def trickle_evidence():
+    """Which of the socket calls nginx imports trickle-overload.so hooks and
+    which it does not (from nm -D), or why that could not be read."""
+    lib = Path("/usr/lib/x86_64-linux-gnu/trickle") / TRICKLE_LIB
+    hooked = _dynsyms(str(lib), True) if lib.is_file() else None
+    used = _dynsyms(harness.NGINX, False)
+    if hooked is None or used is None:
+        return {"error": "nm -D of %s / %s failed" % (lib, harness.NGINX)}
+    calls = [c for c in _SOCKET_CALLS if c in used]
+    return {"library": str(lib), "nginx": harness.NGINX,
+            "nginx_calls_hooked": [c for c in calls if c in hooked],
+            "nginx_calls_not_hooked": [c for c in calls if c not in hooked]}
 
 
 def worker_split(srv, conns):

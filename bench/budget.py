@@ -3,7 +3,7 @@
 TRAFFICRATE_SHARE=budget, side by side, in a private network namespace.
 
     bench/budget.py [--quick] [--only NAME[,NAME]] [--tso 9|0|both]
-                    [--build-dir DIR] [--out FILE]
+                    [--tools TOOL[,TOOL]|none] [--build-dir DIR] [--out FILE]
 
 Scenarios: keepalive, accuracy, short, manyclients, slowreader, joinleave
 (see bench/README.md for what each measures and how). Every scenario runs
@@ -12,8 +12,13 @@ the benchmark's own network namespace. Run as root; when not already in a
 private namespace with lo up at MTU 1500, the script re-executes itself in
 one: unshare -n sh -c 'ip link set lo up mtu 1500 && exec python3 budget.py ...'.
 
+The accuracy scenario also measures what operators use instead (issue 10,
+--tools, default all): nginx limit_rate, limit_conn per IP + limit_rate,
+trickle (sendfile on and off).
+
 Prints progress, then one table per tso setting (the PASS/FAIL column judges
-the budget column against the target), and writes the raw figures to
+the budget column against the target) and, after it, the comparators table
+of the accuracy scenario, and writes the raw figures to
 bench/results/<date>-<commit>[-quick].json.
 """
 
@@ -31,7 +36,8 @@ import traceback
 from pathlib import Path
 
 import benchlib
-from benchlib import LIB_MODES, REPO_ROOT, fmt_value, harness, log, target_text, verdict
+from benchlib import (LIB_MODES, REPO_ROOT, TOOL_TEXT, TOOLS, fmt_value, harness, log,
+                      target_text, verdict)
 from scenarios import SCENARIOS
 
 RESULTS_DIR = benchlib.BENCH_DIR / "results"
@@ -49,6 +55,10 @@ def parse_args(argv):
                    help="comma list of scenarios: " + ",".join(SCENARIOS))
     p.add_argument("--tso", choices=("9", "0", "both"), default="both",
                    help="net.ipv4.tcp_tso_rtt_log setting(s) to run (default both)")
+    p.add_argument("--tools", default=",".join(TOOLS),
+                   help="comparators measured in the accuracy scenario besides "
+                   "equal and budget: comma list of %s, or none (default all)"
+                   % ",".join(TOOLS))
     p.add_argument("--build-dir", help="build with libtrafficrate.so and trafficrate "
                    "(default $TRAFFICRATE_BUILD_DIR or build/)")
     p.add_argument("--out", help="results JSON path (default bench/results/...)")
@@ -60,6 +70,12 @@ def parse_args(argv):
             ",".join(unknown), ",".join(list(SCENARIOS) + list(EXTERNAL))))
     args.scenarios = [n for n in SCENARIOS if not names or n in names]
     args.tso_values = {"9": [9], "0": [0], "both": [9, 0]}[args.tso]
+    tools = [t.strip() for t in args.tools.split(",") if t.strip() not in ("", "none")]
+    bad = [t for t in tools if t not in TOOLS]
+    if bad:
+        p.error("unknown tool(s) %s; choose from %s or none" % (
+            ",".join(bad), ",".join(TOOLS)))
+    args.tool_list = [t for t in TOOLS if t in tools]
     return args
 
 
@@ -128,6 +144,47 @@ def print_table(tso, rows):
         judged.count("PASS"), judged.count("FAIL"), judged.count("ERROR")))
 
 
+def _ratio(v, fmt="%.3f"):
+    return "n/a" if v is None else fmt % v
+
+
+def print_tools(tso, tools):
+    """The accuracy scenario's comparators: one line per case and tool."""
+    if not tools:
+        return
+    cases = []
+    for per_case in tools.values():
+        cases += [c for c in per_case if c not in cases]
+    head = ("case", "tool", "total", "conn min", "conn max", "Jain", "min 1 s",
+            "max 1 s", "refused")
+    lines = [head]
+    notes = []
+    for case in cases:
+        for tool, per_case in tools.items():
+            f = per_case.get(case)
+            if f is None:
+                continue
+            if "total" not in f:
+                lines.append((case, tool) + ("n/a",) * 7)
+            else:
+                lines.append((case, tool, _ratio(f["total"]), _ratio(f["conn_min"]),
+                              _ratio(f["conn_max"]), _ratio(f["jain"], "%.4f"),
+                              _ratio(f["window_min"]), _ratio(f["window_max"]),
+                              "%d/%d" % (f["refused"], f["connections"])))
+            if f.get("note"):
+                notes.append("%s %s: %s" % (case, tool, f["note"]))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    log("\n== tcp_tso_rtt_log=%d, accuracy against the comparators (figures / "
+        "rate; conn = one connection's rate over the window)" % tso)
+    for i, line in enumerate(lines):
+        log("  ".join(cell.ljust(w) if j < 2 else cell.rjust(w)
+                      for j, (cell, w) in enumerate(zip(line, widths))).rstrip())
+        if i == 0:
+            log("  ".join("-" * w for w in widths))
+    for n in notes:
+        log("  " + n)
+
+
 def main(argv):
     args = parse_args(argv)
     if args.build_dir:
@@ -160,7 +217,9 @@ def main(argv):
                 lib.stat().st_mtime).isoformat(timespec="seconds"),
             "kernel": platform.release(), "cpus": os.cpu_count(),
             "loadavg_start": os.getloadavg(), "nofile": hard,
-            "modes": list(LIB_MODES), "scenarios": args.scenarios}
+            "modes": list(LIB_MODES), "scenarios": args.scenarios,
+            "tools": args.tool_list,
+            "tool_text": {t: TOOL_TEXT[t] for t in list(LIB_MODES) + args.tool_list}}
     log("trafficrate shared-budget benchmark: %s%s, library %s, commit %s%s" % (
         ",".join(args.scenarios), " (quick)" if args.quick else "", lib, commit,
         " + %d modified files" % len(dirty) if dirty else ""))
@@ -168,6 +227,7 @@ def main(argv):
         log("NOTE: the library was built from %s, not from this tree" % source)
     results = {"meta": meta, "runs": {}}
     bench = benchlib.Bench(quick=args.quick)
+    bench.tools = args.tool_list
     old_tso = harness.sysctl(TSO_SYSCTL)
     failed = []
     tables = []
@@ -176,6 +236,7 @@ def main(argv):
             assert not harness.namespace_problems()  # never the host's sysctl
             harness.sysctl(TSO_SYSCTL, tso)
             rows, raw = [], {}
+            bench.tool_results = {}
             for name in args.scenarios:
                 t = time.monotonic()
                 log("\n-- [tso %d] %s" % (tso, name))
@@ -188,9 +249,12 @@ def main(argv):
                     raw[name] = {"error": traceback.format_exc()}
                     log("  ERROR %s: %s" % (name, traceback.format_exc()))
                 log("  (%s took %.0f s)" % (name, time.monotonic() - t))
+            # tools: tool -> accuracy case -> figures (equal and budget too),
+            # ratios of the rate; windows = per-second totals, per_connection_Bps
+            # = each connection's rate over the window.
             results["runs"]["tso%d" % tso] = {"tcp_tso_rtt_log": tso, "rows": rows,
-                                              "raw": raw}
-            tables.append((tso, rows))
+                                              "raw": raw, "tools": bench.tool_results}
+            tables.append((tso, rows, bench.tool_results))
     finally:
         harness.sysctl(TSO_SYSCTL, old_tso)
         bench.close()
@@ -201,8 +265,9 @@ def main(argv):
         out_path.parent.mkdir(parents=True, exist_ok=True)
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1, default=str)
-    for tso, rows in tables:
+    for tso, rows, tools in tables:
         print_table(tso, rows)
+        print_tools(tso, tools)
     for w in bench.warnings:
         log("warning: " + w)
     for e in failed:

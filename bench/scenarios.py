@@ -10,9 +10,12 @@ import re
 import subprocess
 from contextlib import ExitStack
 
-from benchlib import (BIG_FILE, LIB_MODES, SERVER_HOST, SMALL_FILE_4K, drive,
-                      harness, http_request, jain, log, median, percentile,
-                      row, spread, thread_cpu, watcher_tids)
+import traceback
+
+from benchlib import (BIG_FILE, LIB_MODES, LIMIT_CONN, SERVER_HOST, SMALL_FILE_4K,
+                      TOOL_TEXT, drive, harness, http_request, jain, log, median,
+                      percentile, row, spread, thread_cpu, trickle_evidence,
+                      watcher_tids)
 
 RATE = "500k"
 TARGET = 512000
@@ -101,12 +104,17 @@ def long_specs(n, **first):
             for i in range(n)]
 
 
-def steady(bench, mode, rate, specs, warm, window, name):
+def steady(bench, mode, rate, specs, warm, window, name, warn=True):
     """One mode of a steady scenario: fresh nginx (2 workers), drive()."""
     with bench.server(mode, rate) as srv:
         run = drive(bench, srv, specs, window, warm=warm)
-    for e in run.errors[:5]:
-        bench.warn("%s %s: %s" % (name, mode, e))
+        run.server = {"workers": srv.worker_pids(), "sendfile": srv.settings["sendfile"],
+                      "limit_rate": srv.settings["limit_rate"],
+                      "trickle_mapped": getattr(srv, "trickle_mapped", None),
+                      "argv0": srv.argv[0]}
+    if warn:
+        for e in run.errors[:5]:
+            bench.warn("%s %s: %s" % (name, mode, e))
     return run
 
 
@@ -120,8 +128,71 @@ def run_raw(run, target, conns=None):
             "window_s": [round(run.t0 - run.base, 3), round(run.t1 - run.base, 3)]}
 
 
+def tool_figures(run, target, tool):
+    """The comparison figures of one tool (or share mode) in one accuracy
+    case: totals and rates as ratios of the rate, per-second totals and
+    per-connection rates for plots, refused connections."""
+    conns = run.conns
+    rates = [c.rate(run.t0, run.t1) for c in conns]
+    windows = [w / target for w in run.windows()]
+    # Refused: nginx answered 503 (limit_conn) or the connection was reset /
+    # failed before it delivered a body.
+    refused = [c for c in conns if c.status == 503 or (c.error and c.status is None)]
+    served = [c for c, r in zip(conns, rates) if c not in refused]
+    done = [c for c in conns if c.eof and c.status in (200, 206)]
+    return {
+        "total": round(sum(rates) / target, 4),
+        "conn_min": round(min(rates) / target, 4) if rates else None,
+        "conn_max": round(max(rates) / target, 4) if rates else None,
+        "jain": round(jain(rates), 5),
+        "jain_served": round(jain(r for c, r in zip(conns, rates) if c in served), 5)
+        if served else None,
+        "window_min": round(min(windows), 4) if windows else None,
+        "window_max": round(max(windows), 4) if windows else None,
+        "connections": len(conns), "refused": len(refused), "served": len(served),
+        "status_counts": {str(k): sum(1 for c in conns if c.status == k)
+                          for k in sorted({c.status for c in conns}, key=str)},
+        # Downloads of the whole 256 MiB file that finished (an unlimited
+        # server delivers it in well under a second on loopback).
+        "completed": len(done),
+        "completed_before_window": sum(1 for c in done if c.done_at <= run.t0),
+        "rate_Bps": target,
+        "windows": _r(windows),
+        "per_connection_Bps": [round(r) for r in rates],
+        "errors": run.errors[:20], "workers": run.split,
+        "client_cpu_pct": run.client_cpu_pct,
+        "window_s": [round(run.t0 - run.base, 3), round(run.t1 - run.base, 3)],
+    }
+
+
+def trickle_verdict(fig, server, evidence):
+    """Whether trickle limited anything here, with the evidence: each nginx
+    worker is its own trickle process (its own -u budget), so an effective
+    trickle holds the client to at most workers x the rate."""
+    workers = max(1, len(server.get("workers") or []))
+    bound = 1.5 * workers
+    why = []
+    mapped = server.get("trickle_mapped") or {}
+    why.append("%s mapped in %d of %d workers" % (
+        "trickle-overload.so", sum(1 for v in mapped.values() if v), len(mapped)))
+    if evidence.get("nginx_calls_not_hooked"):
+        why.append("nginx calls %s, which trickle does not hook" % ", ".join(
+            evidence["nginx_calls_not_hooked"]))
+    if fig["completed_before_window"]:
+        why.append("%d of %d 256 MiB downloads finished before the window"
+                   % (fig["completed_before_window"], fig["connections"]))
+    if fig["total"] > bound or fig["completed_before_window"]:
+        return False, ("not applicable: nginx workers bypass it (client total "
+                       "%.1fx the rate, above %d workers x rate; %s)"
+                       % (fig["total"], workers, "; ".join(why)))
+    return True, "limits (client total %.2fx the rate; %s)" % (fig["total"],
+                                                               "; ".join(why))
+
+
 def accuracy(bench):
-    """One client, N downloads over both workers: total, 1 s windows, Jain."""
+    """One client, N downloads over both workers: total, 1 s windows, Jain;
+    the same for the comparators (bench.tools: nginx limit_rate, limit_conn
+    + limit_rate, trickle) into bench.tool_results."""
     if bench.quick:
         cases, warm, window = [("500k", 4), ("500k", 64)], 2.0, 3.0
     else:
@@ -140,6 +211,9 @@ def accuracy(bench):
             _mode_line(name, mode, "total %.3fx, 1 s windows %.3f..%.3f, Jain %.4f, "
                        "workers %s" % (r["total"], min(r["windows"]),
                                        max(r["windows"]), r["jain"], r["workers"]))
+            bench.tool_results.setdefault(mode, {})[name] = tool_figures(run, target, mode)
+        for tool in bench.tools:
+            comparator(bench, tool, rate, n, target, name, warm, window)
         raw[name] = figs
         tol = 0.10 if n >= 64 else 0.05
         label = "%s N=%-2d" % (rate, n)
@@ -155,6 +229,45 @@ def accuracy(bench):
             rows.append(row("accuracy", "%s Jain index" % label,
                             {m: figs[m]["jain"] for m in MODES}, lo=0.99, fmt="%.4f"))
     return rows, raw
+
+
+def comparator(bench, tool, rate, n, target, name, warm, window):
+    """One comparator in one accuracy case, into bench.tool_results[tool]
+    [name]. A tool that fails (nginx does not start under it, ...) is
+    recorded as not applicable, never raised."""
+    text = TOOL_TEXT[tool].replace("RATE_KB", str(target // 1024)).replace(
+        "RATE", rate)
+    entry = {"tool": text}
+    try:
+        run = steady(bench, tool, rate, long_specs(n), warm, window, name,
+                     warn=tool != "limit_conn")
+        fig = tool_figures(run, target, tool)
+        entry.update(fig)
+        entry["server"] = run.server
+        if tool.startswith("trickle"):
+            evidence = trickle_evidence()
+            ok, verdict = trickle_verdict(fig, run.server, evidence)
+            entry.update(applicable=ok, note="trickle: " + verdict, evidence=evidence)
+        elif tool == "limit_conn":
+            entry["limit_conn"] = LIMIT_CONN
+            entry["note"] = "%d of %d connections refused (503/reset)" % (
+                fig["refused"], n)
+            for e in [e for e in run.errors if "reset" not in e][:5]:
+                bench.warn("%s %s: %s" % (name, tool, e))
+        _mode_line(name, tool, "total %.3fx, per conn %.3f..%.3f, 1 s windows "
+                   "%.3f..%.3f, Jain %.4f, refused %d/%d%s" % (
+                       fig["total"], fig["conn_min"], fig["conn_max"],
+                       fig["window_min"], fig["window_max"], fig["jain"],
+                       fig["refused"], n,
+                       "; " + entry["note"] if "note" in entry else ""))
+    except Exception as e:  # a comparator must never stop the benchmark
+        entry.update(applicable=False, error=traceback.format_exc(),
+                     note="%s: not applicable, it failed here: %s" % (tool, e))
+        if tool.startswith("trickle"):
+            entry["evidence"] = trickle_evidence()
+        _mode_line(name, tool, entry["note"])
+        bench.warn("%s %s: %s" % (name, tool, e))
+    bench.tool_results.setdefault(tool, {})[name] = entry
 
 
 def short(bench):
