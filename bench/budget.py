@@ -167,7 +167,8 @@ def print_tools(tso, tools):
             if "total" not in f:
                 lines.append((case, tool) + ("n/a",) * 7)
             else:
-                lines.append((case, tool, _ratio(f["total"]), _ratio(f["conn_min"]),
+                star = "*" if f.get("basis") == "lifetime" else ""
+                lines.append((case, tool, _ratio(f["total"]) + star, _ratio(f["conn_min"]),
                               _ratio(f["conn_max"]), _ratio(f["jain"], "%.4f"),
                               _ratio(f["window_min"]), _ratio(f["window_max"]),
                               "%d/%d" % (f["refused"], f["connections"])))
@@ -181,6 +182,10 @@ def print_tools(tso, tools):
                       for j, (cell, w) in enumerate(zip(line, widths))).rstrip())
         if i == 0:
             log("  ".join("-" * w for w in widths))
+    if any(f.get("basis") == "lifetime" for per_case in tools.values()
+           for f in per_case.values()):
+        log("  * whole downloads finished (nothing limited them): figures over "
+            "each download's life, first connect to last EOF, not the window")
     for n in notes:
         log("  " + n)
 
