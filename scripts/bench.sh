@@ -7,21 +7,25 @@
 #   library with TRAFFICRATE_SHARE=equal and =budget side by side (keepalive,
 #   accuracy, short, manyclients, slowreader, joinleave), in a private
 #   network namespace with lo at MTU 1500, with tcp_tso_rtt_log 9 and 0;
-#   one table per setting, raw figures in bench/results/.
+#   one table per setting, raw figures in bench/results/. The accuracy
+#   scenario also measures nginx limit_rate, limit_conn + limit_rate and
+#   trickle side by side (bench/budget.py --tools).
 #
-#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both]
+#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
 #   --only    e.g. --only convergence or --only accuracy,short
+#   --tools   the accuracy scenario's comparators (default all, see budget.py)
 #   TRAFFICRATE_BUILD_DIR=DIR   measure that build (default build/). A DIR
 #             that is already configured is rebuilt as configured (it may be
 #             another checkout); otherwise it is configured from this tree.
-# Needs root (packages, unshare). The full run takes under 20 minutes on 2 cores.
+# Needs root (packages, unshare). The full run took under 20 minutes on 2 cores
+# before the comparators; they add about 7 minutes per tso setting (--tools none).
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 cd "$TRAFFICRATE_ROOT"
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 
 only=""
 budget_args=()
@@ -32,6 +36,8 @@ while (($#)); do
     --only=*) only=${1#--only=} ;;
     --tso) budget_args+=(--tso "${2:?--tso needs 9, 0 or both}"); shift ;;
     --tso=*) budget_args+=("$1") ;;
+    --tools) budget_args+=(--tools "${2:?--tools needs a list or none}"); shift ;;
+    --tools=*) budget_args+=("$1") ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -44,7 +50,8 @@ selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
 # Does --only select anything besides convergence?
 budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|') ]]; }
 
-trafficrate_install_packages wrk
+# trickle: a comparator of the accuracy scenario (bench/README.md, Comparators).
+trafficrate_install_packages wrk trickle
 if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
   build_dir=$(realpath -m "$TRAFFICRATE_BUILD_DIR")
   if [[ ! -f $build_dir/CMakeCache.txt ]]; then
