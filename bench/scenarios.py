@@ -238,6 +238,8 @@ def accuracy(bench):
             bench.tool_results.setdefault(mode, {})[name] = tool_figures(run, target, mode)
         for tool in bench.tools:
             comparator(bench, tool, rate, n, target, name, warm, window)
+            # Also case -> tool, beside equal / budget (what report.py plots).
+            figs[tool] = bench.tool_results[tool][name]
         raw[name] = figs
         tol = 0.10 if n >= 64 else 0.05
         label = "%s N=%-2d" % (rate, n)
