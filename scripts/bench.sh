@@ -44,7 +44,7 @@ selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
 # Does --only select anything besides convergence?
 budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|') ]]; }
 
-trafficrate_install_packages wrk
+trafficrate_install_packages wrk python3-matplotlib
 if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
   build_dir=$(realpath -m "$TRAFFICRATE_BUILD_DIR")
   if [[ ! -f $build_dir/CMakeCache.txt ]]; then
