@@ -36,6 +36,7 @@ import traceback
 from pathlib import Path
 
 import benchlib
+import report
 from benchlib import (LIB_MODES, REPO_ROOT, TOOL_TEXT, TOOLS, fmt_value, harness, log,
                       target_text, verdict)
 from scenarios import SCENARIOS
@@ -278,6 +279,10 @@ def main(argv):
     for e in failed:
         log("scenario error: " + e)
     log("\nresults: %s (%.0f s)" % (out_path, meta["seconds"]))
+    try:
+        log("report: %s" % report.write_report(results, out_path))
+    except Exception:  # the figures are saved; a plot must not lose them
+        log("report.py failed (the JSON is kept): %s" % traceback.format_exc())
     return 1 if failed else 0
 
 

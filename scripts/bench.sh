@@ -50,8 +50,9 @@ selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
 # Does --only select anything besides convergence?
 budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|') ]]; }
 
-# trickle: a comparator of the accuracy scenario (bench/README.md, Comparators).
-trafficrate_install_packages wrk trickle
+# trickle: a comparator of the accuracy scenario (bench/README.md, Comparators);
+# python3-matplotlib: bench/report.py's plots.
+trafficrate_install_packages wrk trickle python3-matplotlib
 if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
   build_dir=$(realpath -m "$TRAFFICRATE_BUILD_DIR")
   if [[ ! -f $build_dir/CMakeCache.txt ]]; then

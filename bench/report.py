@@ -1,0 +1,220 @@
+"""The benchmark's report: a Markdown page and PNG plots from one results
+JSON of bench/budget.py (bench/results/<date>-<commit>[...].json).
+
+  /usr/bin/python3 bench/report.py RESULTS.json [--out-dir DIR]
+
+writes RESULTS.md beside the JSON (or into DIR) and, with Debian's
+python3-matplotlib, the plots it shows (RESULTS-<plot>.png):
+
+  * accuracy: the client's per-second totals against the rate, one line per
+    tool or mode, a panel per case;
+  * accuracy: per-connection rates as a box per tool or mode (as a ratio of
+    the fair share rate / N), a panel per case;
+  * joinleave: the per-second totals of 2 -> 8 -> 2 connections, one line
+    per tool or mode.
+
+bench/budget.py calls write_report() after every run. Every figure comes
+from the JSON; a case or tool missing from it is left out of the plots,
+and a run without matplotlib gets the tables and a line saying why the
+plots are missing.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import benchlib
+
+RATE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+
+
+def case_target(name):
+    """("500k N=4") -> (512000, 4); (None, None) if the name is not a case."""
+    m = re.match(r"(\d+)([kmg]?) N=(\d+)$", name.strip())
+    if not m:
+        return None, None
+    return int(m.group(1)) * RATE_UNITS[m.group(2)], int(m.group(3))
+
+
+def series(figs):
+    """{tool or mode: figures} of one case, those with per-second windows,
+    in a stable order (the library's modes first)."""
+    named = {k: v for k, v in figs.items()
+             if isinstance(v, dict) and v.get("windows")}
+    order = [m for m in ("equal", "budget") if m in named]
+    return order + sorted(k for k in named if k not in order)
+
+
+def markdown_table(rows, columns):
+    head = ["scenario", "metric"] + columns + ["target", "budget?"]
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["scenario"], r["metric"]]
+        cells += [benchlib.fmt_value(r, c) for c in columns]
+        cells += [benchlib.target_text(r), benchlib.verdict(r) or "-"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def row_columns(rows):
+    cols = []
+    for r in rows:
+        for c in r["values"]:
+            if c not in cols:
+                cols.append(c)
+    return cols
+
+
+def plot_accuracy(raw, tso, stem, out_dir, plt):
+    """Two PNGs per run (windows, per-connection boxes); their paths."""
+    cases = [(name, figs) for name, figs in raw.items()
+             if isinstance(figs, dict) and case_target(name)[0] is not None]
+    if not cases:
+        return []
+    paths = []
+    ncol = min(4, len(cases))
+    nrow = (len(cases) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
+                             squeeze=False)
+    for ax, (name, figs) in zip(axes.flat, cases):
+        for tool in series(figs):
+            w = figs[tool]["windows"]
+            ax.plot(range(1, len(w) + 1), w, marker=".", label=tool)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_title(name)
+        ax.set_xlabel("second of the window")
+        ax.set_ylabel("client total / rate")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cases):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize="small")
+    fig.suptitle("accuracy (tcp_tso_rtt_log %d): per-second totals" % tso)
+    fig.tight_layout()
+    path = out_dir / ("%s-accuracy-windows-tso%d.png" % (stem, tso))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
+                             squeeze=False)
+    for ax, (name, figs) in zip(axes.flat, cases):
+        target, n = case_target(name)
+        tools = [t for t in series(figs) if figs[t].get("per_connection_Bps")]
+        data = [[b / (target / n) for b in figs[t]["per_connection_Bps"]]
+                for t in tools]
+        if data:
+            ax.boxplot(data, labels=tools)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_title(name)
+        ax.set_ylabel("connection / (rate / N)")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cases):]:
+        ax.set_visible(False)
+    fig.suptitle("accuracy (tcp_tso_rtt_log %d): per-connection rates" % tso)
+    fig.tight_layout()
+    path = out_dir / ("%s-accuracy-connections-tso%d.png" % (stem, tso))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def plot_joinleave(figs, tso, stem, out_dir, plt):
+    tools = series(figs)
+    if not tools:
+        return []
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for tool in tools:
+        w = figs[tool]["windows"]
+        ax.plot([i + 0.5 for i in range(len(w))], w, marker=".", label=tool)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("s since the first connection")
+    ax.set_ylabel("client total / rate (1 s)")
+    ax.set_title("2 -> 8 -> 2 connections (tcp_tso_rtt_log %d)" % tso)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = out_dir / ("%s-joinleave-tso%d.png" % (stem, tso))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]
+
+
+def load_pyplot():
+    """matplotlib.pyplot without a display, or (None, why)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt, None
+    except ImportError as e:
+        return None, "matplotlib is missing (%s): apt-get install python3-matplotlib" % e
+
+
+def write_report(results, json_path, out_dir=None):
+    """Writes the Markdown report (and plots) of `results`; returns its path."""
+    json_path = Path(json_path)
+    out_dir = Path(out_dir) if out_dir else json_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = json_path.stem
+    meta = results.get("meta", {})
+    plt, why = load_pyplot()
+    lines = ["# trafficrate benchmark, %s, commit %s" % (
+        meta.get("date", "?"), meta.get("commit", "?")), ""]
+    lines.append("Kernel %s, %s CPUs, load %s at the start; %s s%s; scenarios: %s. "
+                 "Raw figures: `%s`." % (
+                     meta.get("kernel", "?"), meta.get("cpus", "?"),
+                     " ".join("%.2f" % x for x in meta.get("loadavg_start", [])),
+                     meta.get("seconds", "?"),
+                     ", quick" if meta.get("quick") else "",
+                     ", ".join(meta.get("scenarios", [])), json_path.name))
+    if meta.get("modified_files"):
+        lines.append("")
+        lines.append("Modified files in the tree measured: %s." %
+                     ", ".join(meta["modified_files"]))
+    lines.append("")
+    for key, run in sorted(results.get("runs", {}).items()):
+        tso = run.get("tcp_tso_rtt_log")
+        rows = run.get("rows", [])
+        lines += ["## tcp_tso_rtt_log %s" % tso, ""]
+        if rows:
+            lines += [markdown_table(rows, row_columns(rows)), ""]
+        raw = run.get("raw", {})
+        plots = []
+        if plt is not None:
+            if isinstance(raw.get("accuracy"), dict):
+                plots += plot_accuracy(raw["accuracy"], tso, stem, out_dir, plt)
+            if isinstance(raw.get("joinleave"), dict):
+                plots += plot_joinleave(raw["joinleave"], tso, stem, out_dir, plt)
+        for p in plots:
+            lines += ["![%s](%s)" % (p.stem, p.name), ""]
+    if why:
+        lines += ["No plots: %s." % why, ""]
+    for title, items in (("Warnings", meta.get("warnings")),
+                         ("Scenario errors", meta.get("errors"))):
+        if items:
+            lines += ["## " + title, ""] + ["* " + str(i) for i in items] + [""]
+    path = out_dir / (stem + ".md")
+    path.write_text("\n".join(lines))
+    return path
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", help="a results JSON of bench/budget.py")
+    p.add_argument("--out-dir", help="where to write (default: beside the JSON)")
+    args = p.parse_args(argv)
+    try:
+        with open(args.results) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit("report.py: %s: %s" % (args.results, e))
+    print(write_report(results, args.results, args.out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
