@@ -47,6 +47,14 @@ def series(figs):
     return order + sorted(k for k in named if k not in order)
 
 
+def scale_axis(ax, values):
+    """A log y axis when the values span more than 20x (nginx limit_rate's
+    N x the rate, trickle's thousands next to trafficrate's 1)."""
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 20:
+        ax.set_yscale("log")
+
+
 def markdown_table(rows, columns):
     head = ["scenario", "metric"] + columns + ["target", "budget?"]
     lines = ["| " + " | ".join(head) + " |",
@@ -80,9 +88,12 @@ def plot_accuracy(raw, tso, stem, out_dir, plt):
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
                              squeeze=False)
     for ax, (name, figs) in zip(axes.flat, cases):
+        shown = []
         for tool in series(figs):
             w = figs[tool]["windows"]
+            shown += w
             ax.plot(range(1, len(w) + 1), w, marker=".", label=tool)
+        scale_axis(ax, shown)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_title(name)
         ax.set_xlabel("second of the window")
@@ -107,6 +118,8 @@ def plot_accuracy(raw, tso, stem, out_dir, plt):
                 for t in tools]
         if data:
             ax.boxplot(data, labels=tools)
+            ax.tick_params(axis="x", labelrotation=30, labelsize="small")
+            scale_axis(ax, [v for d in data for v in d])
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_title(name)
         ax.set_ylabel("connection / (rate / N)")
