@@ -5,7 +5,7 @@
 //
 //   write_path_bench [--benchmark_filter=...] [--benchmark_out=FILE ...]
 //
-// Cases, each with writes of 1 byte and 16 KiB:
+// Cases, each with writes of 0 bytes, 1 byte and 16 KiB:
 //   {send,write}/raw            the libc call alone, on the governed socket;
 //   {send,write}/governed       Governor::BeforeSend + the call + AfterSend,
 //                               as lib/interpose.cc's Send() does, with the
@@ -17,6 +17,12 @@
 //                               join or leave (outside the timed part), so
 //                               that BeforeSend must re-apply the share with
 //                               setsockopt(SO_MAX_PACING_RATE): the slow path.
+//   library/{fast,clock_manual,share_change_manual}
+//                               the Governor's part alone, without the call
+//                               (whose run-to-run spread on loopback, some
+//                               100 ns, hides a 20 ns difference): the fast
+//                               path; an empty timed region (the cost of the
+//                               manual timing itself); and the slow path.
 // Under LD_PRELOAD=libtrafficrate.so (TRAFFICRATE_RATE set) only
 //   {send,write}/interposed     the call through the real interposer, on a
 //                               socket the library accepted and governs
@@ -67,8 +73,7 @@ uint64_t PacingOf(int fd) {
 bool TrafficrateLoaded() {
   return dl_iterate_phdr(
              [](dl_phdr_info* info, size_t, void*) {
-               return std::strstr(info->dlpi_name, "libtrafficrate") !=
-                              nullptr
+               return std::strstr(info->dlpi_name, "libtrafficrate") != nullptr
                           ? 1
                           : 0;
              },
@@ -108,8 +113,7 @@ class Rig {
       table_ = FdTable::Create(65536);
       GovernorOptions options;
       options.idle_ns = kLongIdleNs;  // nobody leaves by idling in the run
-      gov_ = std::make_unique<Governor>(zone_.get(), table_, &logger_,
-                                        options);
+      gov_ = std::make_unique<Governor>(zone_.get(), table_, &logger_, options);
     }
     Listen();
     Accept(&measured_);
@@ -123,8 +127,7 @@ class Rig {
                         ::send(conn->server, &c, 1, MSG_NOSIGNAL));
       }
       sibling_index_ = StateConn(table_->Get(sibling_.server)->state.load());
-      measured_index_ =
-          StateConn(table_->Get(measured_.server)->state.load());
+      measured_index_ = StateConn(table_->Get(measured_.server)->state.load());
     }
   }
 
@@ -187,7 +190,8 @@ class Rig {
     }
     sockaddr_in peer{};
     socklen_t len = sizeof(peer);
-    conn->server = ::accept(listener_, reinterpret_cast<sockaddr*>(&peer), &len);
+    conn->server =
+        ::accept(listener_, reinterpret_cast<sockaddr*>(&peer), &len);
     if (conn->server < 0) Die("accept");
     if (gov_ != nullptr) {
       gov_->OnAccept(conn->server, reinterpret_cast<sockaddr*>(&peer), len);
@@ -307,18 +311,61 @@ void BM_Manual(benchmark::State& state, Path path) {
   CheckShort(state, short_writes);
   // share_change: 1 if every send applied the new share itself (the
   // watcher, never woken, did not do it first).
-  state.counters["applied"] =
-      benchmark::Counter(static_cast<double>(applied),
-                         benchmark::Counter::kAvgIterations);
+  state.counters["applied"] = benchmark::Counter(
+      static_cast<double>(applied), benchmark::Counter::kAvgIterations);
+}
+
+// library/fast: BeforeSend + AfterSend of a 16 KiB send, no call.
+void BM_LibraryFast(benchmark::State& state) {
+  const int fd = g_rig->fd();
+  Governor& gov = *g_rig->gov();
+  gov.BeforeSend(fd);
+  for (auto _ : state) {
+    gov.BeforeSend(fd);
+    gov.AfterSend(fd, kMaxWrite);
+  }
+}
+
+// library/{clock,share_change}_manual: nothing, or BeforeSend (which
+// re-applies the share) + AfterSend after the sibling's join or leave.
+void BM_LibraryManual(benchmark::State& state, Path path) {
+  const int fd = g_rig->fd();
+  Governor& gov = *g_rig->gov();
+  gov.BeforeSend(fd);
+  bool sibling_joined = true;
+  int64_t applied = 0;
+  for (auto _ : state) {
+    if (path == Path::kShareChange) {
+      sibling_joined = !sibling_joined;
+      if (!g_rig->SetSiblingJoined(sibling_joined)) {
+        state.SkipWithError("the sibling's join or leave failed");
+        break;
+      }
+    }
+    const int64_t start_ns = MonotonicNowNs();
+    if (path != Path::kRaw) {
+      gov.BeforeSend(fd);
+      gov.AfterSend(fd, kMaxWrite);
+    }
+    const int64_t end_ns = MonotonicNowNs();
+    state.SetIterationTime(static_cast<double>(end_ns - start_ns) * 1e-9);
+    applied += g_rig->AppliedShare() ==
+               ShareBytesPerSec(kRate, sibling_joined ? 2 : 1);
+  }
+  if (!sibling_joined) g_rig->SetSiblingJoined(true);
+  state.counters["applied"] = benchmark::Counter(
+      static_cast<double>(applied), benchmark::Counter::kAvgIterations);
 }
 
 void Sizes(benchmark::internal::Benchmark* b) {
-  b->Arg(1)->Arg(static_cast<int64_t>(kMaxWrite));
+  // 0 bytes: the syscall still runs (and returns 0) but is cheap and steady,
+  // so the difference to raw shows through.
+  b->Arg(0)->Arg(1)->Arg(static_cast<int64_t>(kMaxWrite));
 }
 
 void RegisterPlain() {
-  for (auto [name, call] : {std::pair{"send", Call::kSend},
-                            std::pair{"write", Call::kWrite}}) {
+  for (auto [name, call] :
+       {std::pair{"send", Call::kSend}, std::pair{"write", Call::kWrite}}) {
     const std::string n = name;
     benchmark::RegisterBenchmark((n + "/raw").c_str(), BM_Raw, call)
         ->Apply(Sizes);
@@ -333,6 +380,13 @@ void RegisterPlain() {
         ->Apply(Sizes)
         ->UseManualTime();
   }
+  benchmark::RegisterBenchmark("library/fast", BM_LibraryFast);
+  benchmark::RegisterBenchmark("library/clock_manual", BM_LibraryManual,
+                               Path::kRaw)
+      ->UseManualTime();
+  benchmark::RegisterBenchmark("library/share_change_manual", BM_LibraryManual,
+                               Path::kShareChange)
+      ->UseManualTime();
 }
 
 void RegisterPreloaded() {
