@@ -46,7 +46,13 @@ def main(argv):
     for path in argv[1:]:
         results.update(medians(path))
     print(f"{'case':34} {'ns/call':>9} {'vs raw':>7} {'+ns':>7}")
-    for name, (ns, applied, error) in results.items():
+    def order(name):  # by case, then by write size
+        parts = name.split("/")
+        size = int(parts[-1]) if parts[-1].isdigit() else -1
+        return (parts[0], "/".join(parts[1:-1] if size >= 0 else parts[1:]), size)
+
+    for name in sorted(results, key=order):
+        ns, applied, error = results[name]
         base = baseline(name)
         line = f"{name:34} {ns:9.1f}"
         if base in results and base != name:
