@@ -44,8 +44,9 @@ from scenarios import SCENARIOS
 RESULTS_DIR = benchlib.BENCH_DIR / "results"
 TSO_SYSCTL = "net.ipv4.tcp_tso_rtt_log"
 REEXEC_MARK = "TRAFFICRATE_BENCH_NETNS"
-# Handled by scripts/bench.sh (build/convergence_bench), accepted here.
-EXTERNAL = ("convergence",)
+# Handled by scripts/bench.sh (build/convergence_bench,
+# build/write_path_bench), accepted here.
+EXTERNAL = ("convergence", "writepath")
 
 
 def parse_args(argv):

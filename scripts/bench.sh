@@ -10,11 +10,15 @@
 #   one table per setting, raw figures in bench/results/. The accuracy
 #   scenario also measures nginx limit_rate, limit_conn + limit_rate and
 #   trickle side by side (bench/budget.py --tools).
+#   writepath (issue 10, Overhead; tests/bench/write_path_bench.cc, Google
+#   Benchmark from libbenchmark-dev): ns per write/send on a governed
+#   loopback socket, raw against the Governor's fast path, a share change,
+#   and the real interposer (LD_PRELOAD); table by bench/write_path.py.
 #
 #   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
-#   --only    e.g. --only convergence or --only accuracy,short
+#   --only    e.g. --only convergence, --only writepath or --only accuracy,short
 #   --tools   the accuracy scenario's comparators (default all, see budget.py)
 #   TRAFFICRATE_BUILD_DIR=DIR   measure that build (default build/). A DIR
 #             that is already configured is rebuilt as configured (it may be
@@ -28,10 +32,11 @@ cd "$TRAFFICRATE_ROOT"
 usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 
 only=""
+quick=0
 budget_args=()
 while (($#)); do
   case $1 in
-    --quick) budget_args+=(--quick) ;;
+    --quick) quick=1; budget_args+=(--quick) ;;
     --only) only=${2:?--only needs a list}; shift ;;
     --only=*) only=${1#--only=} ;;
     --tso) budget_args+=(--tso "${2:?--tso needs 9, 0 or both}"); shift ;;
@@ -47,12 +52,13 @@ done
 
 # Is scenario $1 selected by --only (all are by default)?
 selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
-# Does --only select anything besides convergence?
-budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|') ]]; }
+# Does --only select anything besides convergence and writepath?
+budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|writepath\|') ]]; }
 
 # trickle: a comparator of the accuracy scenario (bench/README.md, Comparators);
-# python3-matplotlib: bench/report.py's plots.
-trafficrate_install_packages wrk trickle python3-matplotlib
+# python3-matplotlib: bench/report.py's plots; libbenchmark-dev: writepath
+# (only here: the normal build and scripts/test.sh do without).
+trafficrate_install_packages wrk trickle python3-matplotlib libbenchmark-dev
 if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
   build_dir=$(realpath -m "$TRAFFICRATE_BUILD_DIR")
   if [[ ! -f $build_dir/CMakeCache.txt ]]; then
@@ -63,6 +69,12 @@ if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
 else
   trafficrate_build build
   build_dir=$TRAFFICRATE_ROOT/build
+fi
+# A build dir configured before libbenchmark-dev was installed: configure
+# again (find_package retries), so that write_path_bench is built.
+if selected writepath && [[ ! -x $build_dir/write_path_bench ]]; then
+  cmake "$build_dir" >/dev/null
+  cmake --build "$build_dir"
 fi
 export TRAFFICRATE_BUILD_DIR=$build_dir
 echo "== build: $build_dir"
@@ -83,6 +95,45 @@ if selected convergence; then
   convergence --gap-ms 0
   echo "== convergence, changes 5 ms apart"
   convergence --gap-ms 5
+fi
+
+# write_path_bench twice: in-process (raw, Governor fast path, share change),
+# then under LD_PRELOAD (the real interposer); medians of repetitions run in
+# random order, summarized against raw.
+writepath() {
+  local out reps=5 min_time=0.5 zone="wpb$$" rc=0
+  ((quick)) && reps=3 min_time=0.1
+  out=$(mktemp -d)
+  local args=(--benchmark_repetitions=$reps --benchmark_min_time=$min_time
+    --benchmark_enable_random_interleaving=true
+    --benchmark_report_aggregates_only=true --benchmark_out_format=json)
+  timeout 600 "$build_dir/write_path_bench" "${args[@]}" \
+    --benchmark_out="$out/plain.json" >/dev/null || rc=$?
+  if ((rc == 0)); then
+    TRAFFICRATE_RATE=65536m TRAFFICRATE_ZONE=$zone \
+      LD_PRELOAD=$build_dir/libtrafficrate.so \
+      timeout 300 "$build_dir/write_path_bench" "${args[@]}" \
+      --benchmark_out="$out/preloaded.json" >/dev/null || rc=$?
+    rm -f "/dev/shm/trafficrate.$zone"
+  fi
+  if ((rc == 0)); then
+    /usr/bin/python3 "$TRAFFICRATE_ROOT/bench/write_path.py" \
+      "$out/plain.json" "$out/preloaded.json" || rc=$?
+  fi
+  rm -rf "$out"
+  if ((rc != 0)); then
+    echo "bench.sh: write_path_bench failed (rc $rc)" >&2
+    status=1
+  fi
+}
+if selected writepath; then
+  if [[ -x $build_dir/write_path_bench ]]; then
+    echo "== write path: ns per call on a governed loopback socket (medians of repetitions)"
+    writepath
+  else
+    echo "bench.sh: write_path_bench not built (libbenchmark-dev missing?)" >&2
+    status=1
+  fi
 fi
 
 if budget_selected; then
