@@ -29,7 +29,8 @@ set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 cd "$TRAFFICRATE_ROOT"
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+# The comment at the top, whatever its length.
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 
 only=""
 quick=0
