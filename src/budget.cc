@@ -226,7 +226,10 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   }
   pending *= std::exp(-dt / kPendingLapseNs);
   next.start_allowance_bytes = SaturatingUint64(allowance);
-  next.start_pending_bytes = SaturatingUint64(pending);
+  // Never more than came in: a count too large for a double's 53 bits
+  // (only a zone's garbage holds one) can round up.
+  next.start_pending_bytes =
+      std::min(input.start_pending_bytes, SaturatingUint64(pending));
   // While every connection is held back by its pacing the count's lumps
   // (packets sent in step, measured a little late) may go either way by
   // the band: what it shows banked within the band is kept too, or the

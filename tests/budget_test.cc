@@ -510,6 +510,21 @@ TEST(BudgetTest, AFreshOrIdleKeyStartsAfresh) {
   EXPECT_EQ(state.level_bytes_per_sec, 128000u);
 }
 
+TEST(BudgetTest, PendingStartsNeverGrowEvenWhenTooLargeForADouble) {
+  // What the zone's start_pending holds may be anything (garbage): the
+  // caller subtracts what the tick forgave, so it must not come out larger.
+  const BudgetSettings settings{512000, DefaultBurstBytes(512000)};
+  BudgetState state =
+      BudgetTick(BudgetState(), {5'000'000'000, 1000, 2}, settings);
+  for (const uint64_t pending : {(uint64_t{1} << 60) + 255, UINT64_MAX - 1,
+                                 uint64_t{18'100'000'000'000'000'000u}}) {
+    BudgetInput input{5'001'000'000, 1000, 2};
+    input.start_pending_bytes = pending;
+    EXPECT_LE(BudgetTick(state, input, settings).start_pending_bytes, pending)
+        << pending;
+  }
+}
+
 TEST(BudgetTest, LevelWorthApplyingIgnoresSmallChanges) {
   EXPECT_TRUE(LevelWorthApplying(0, 100));
   EXPECT_FALSE(LevelWorthApplying(100'000, 103'000));
