@@ -128,19 +128,25 @@ def results_path(args, commit):
     return path
 
 
-def print_table(tso, rows):
-    head = ("scenario", "metric", "equal", "budget", "target", "budget?")
-    lines = [head] + [(r["scenario"], r["metric"], fmt_value(r, "equal"),
-                       fmt_value(r, "budget"), target_text(r), verdict(r))
-                      for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    log("\n== tcp_tso_rtt_log=%d: equal = today's rate/active per connection, "
-        "budget = TRAFFICRATE_SHARE=budget" % tso)
+def log_columns(lines):
+    """Logs a table: lines[0] is the head, underlined; the first two columns
+    flush left, the others right."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     for i, line in enumerate(lines):
         log("  ".join(cell.ljust(w) if j < 2 else cell.rjust(w)
                       for j, (cell, w) in enumerate(zip(line, widths))).rstrip())
         if i == 0:
             log("  ".join("-" * w for w in widths))
+
+
+def print_table(tso, rows):
+    head = ("scenario", "metric", "equal", "budget", "target", "budget?")
+    lines = [head] + [(r["scenario"], r["metric"], fmt_value(r, "equal"),
+                       fmt_value(r, "budget"), target_text(r), verdict(r))
+                      for r in rows]
+    log("\n== tcp_tso_rtt_log=%d: equal = today's rate/active per connection, "
+        "budget = TRAFFICRATE_SHARE=budget" % tso)
+    log_columns(lines)
     judged = [verdict(r) for r in rows if verdict(r)]
     log("budget column: %d PASS, %d FAIL, %d ERROR" % (
         judged.count("PASS"), judged.count("FAIL"), judged.count("ERROR")))
@@ -176,14 +182,9 @@ def print_tools(tso, tools):
                               "%d/%d" % (f["refused"], f["connections"])))
             if f.get("note"):
                 notes.append("%s %s: %s" % (case, tool, f["note"]))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     log("\n== tcp_tso_rtt_log=%d, accuracy against the comparators (figures / "
         "rate; conn = one connection's rate over the window)" % tso)
-    for i, line in enumerate(lines):
-        log("  ".join(cell.ljust(w) if j < 2 else cell.rjust(w)
-                      for j, (cell, w) in enumerate(zip(line, widths))).rstrip())
-        if i == 0:
-            log("  ".join("-" * w for w in widths))
+    log_columns(lines)
     if any(f.get("basis") == "lifetime" for per_case in tools.values()
            for f in per_case.values()):
         log("  * whole downloads finished (nothing limited them): figures over "

@@ -76,42 +76,48 @@ def row_columns(rows):
     return cols
 
 
+def panel_grid(cases, plt, draw, title, path):
+    """One panel per (name, figs) case, up to 4 a row: draw(ax, name, figs)
+    fills one; each gets the rate's line, its title and a grid. Saves the
+    figure at path and returns path."""
+    ncol = min(4, len(cases))
+    nrow = (len(cases) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
+                             squeeze=False)
+    for ax, (name, figs) in zip(axes.flat, cases):
+        draw(ax, name, figs)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(cases):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def plot_accuracy(raw, tso, stem, out_dir, plt):
     """Two PNGs per run (windows, per-connection boxes); their paths."""
     cases = [(name, figs) for name, figs in raw.items()
              if isinstance(figs, dict) and case_target(name)[0] is not None]
     if not cases:
         return []
-    paths = []
-    ncol = min(4, len(cases))
-    nrow = (len(cases) + ncol - 1) // ncol
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
-                             squeeze=False)
-    for ax, (name, figs) in zip(axes.flat, cases):
+
+    def windows(ax, name, figs):
         shown = []
         for tool in series(figs):
             w = figs[tool]["windows"]
             shown += w
             ax.plot(range(1, len(w) + 1), w, marker=".", label=tool)
         scale_axis(ax, shown)
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_title(name)
         ax.set_xlabel("second of the window")
         ax.set_ylabel("client total / rate")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(cases):]:
-        ax.set_visible(False)
-    axes.flat[0].legend(fontsize="small")
-    fig.suptitle("accuracy (tcp_tso_rtt_log %d): per-second totals" % tso)
-    fig.tight_layout()
-    path = out_dir / ("%s-accuracy-windows-tso%d.png" % (stem, tso))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    paths.append(path)
+        if name == cases[0][0]:
+            ax.legend(fontsize="small")
 
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
-                             squeeze=False)
-    for ax, (name, figs) in zip(axes.flat, cases):
+    def connections(ax, name, figs):
         target, n = case_target(name)
         tools = [t for t in series(figs) if figs[t].get("per_connection_Bps")]
         data = [[b / (target / n) for b in figs[t]["per_connection_Bps"]]
@@ -120,19 +126,16 @@ def plot_accuracy(raw, tso, stem, out_dir, plt):
             ax.boxplot(data, labels=tools)
             ax.tick_params(axis="x", labelrotation=30, labelsize="small")
             scale_axis(ax, [v for d in data for v in d])
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ax.set_title(name)
         ax.set_ylabel("connection / (rate / N)")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(cases):]:
-        ax.set_visible(False)
-    fig.suptitle("accuracy (tcp_tso_rtt_log %d): per-connection rates" % tso)
-    fig.tight_layout()
-    path = out_dir / ("%s-accuracy-connections-tso%d.png" % (stem, tso))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    paths.append(path)
-    return paths
+
+    return [
+        panel_grid(cases, plt, windows,
+                   "accuracy (tcp_tso_rtt_log %d): per-second totals" % tso,
+                   out_dir / ("%s-accuracy-windows-tso%d.png" % (stem, tso))),
+        panel_grid(cases, plt, connections,
+                   "accuracy (tcp_tso_rtt_log %d): per-connection rates" % tso,
+                   out_dir / ("%s-accuracy-connections-tso%d.png" % (stem, tso))),
+    ]
 
 
 def plot_joinleave(figs, tso, stem, out_dir, plt):

@@ -279,6 +279,17 @@ void BM_Governed(benchmark::State& state, Call call) {
 
 enum class Path { kRaw, kGoverned, kShareChange };
 
+// share_change: the sibling joins or leaves before each timed call, so the
+// next send must re-apply the share; false (the benchmark skipped) if the
+// zone refused. Other paths: nothing to do.
+bool FlipSibling(benchmark::State& state, Path path, bool* joined) {
+  if (path != Path::kShareChange) return true;
+  *joined = !*joined;
+  if (g_rig->SetSiblingJoined(*joined)) return true;
+  state.SkipWithError("the sibling's join or leave failed");
+  return false;
+}
+
 // send/*_manual: only the call (and the Governor's part around it) is timed,
 // so that the sibling's join or leave before it is not.
 void BM_Manual(benchmark::State& state, Path path) {
@@ -290,13 +301,7 @@ void BM_Manual(benchmark::State& state, Path path) {
   int64_t short_writes = 0;
   int64_t applied = 0;
   for (auto _ : state) {
-    if (path == Path::kShareChange) {
-      sibling_joined = !sibling_joined;
-      if (!g_rig->SetSiblingJoined(sibling_joined)) {
-        state.SkipWithError("the sibling's join or leave failed");
-        break;
-      }
-    }
+    if (!FlipSibling(state, path, &sibling_joined)) break;
     const int64_t start_ns = MonotonicNowNs();
     if (path != Path::kRaw) gov.BeforeSend(fd);
     const ssize_t sent = ::send(fd, g_data, bytes, MSG_NOSIGNAL);
@@ -335,13 +340,7 @@ void BM_LibraryManual(benchmark::State& state, Path path) {
   bool sibling_joined = true;
   int64_t applied = 0;
   for (auto _ : state) {
-    if (path == Path::kShareChange) {
-      sibling_joined = !sibling_joined;
-      if (!g_rig->SetSiblingJoined(sibling_joined)) {
-        state.SkipWithError("the sibling's join or leave failed");
-        break;
-      }
-    }
+    if (!FlipSibling(state, path, &sibling_joined)) break;
     const int64_t start_ns = MonotonicNowNs();
     if (path != Path::kRaw) {
       gov.BeforeSend(fd);
