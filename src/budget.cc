@@ -174,7 +174,13 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   const double burst = static_cast<double>(settings.burst_bytes);
   const uint32_t n = input.active > 0 ? input.active : 1;
   const uint32_t under_pace = std::min(input.under, n);
-  next.packet_bytes = input.packet_bytes;
+  // A tick that saw no packet (its visits held only new connections, or
+  // none of the slow ones) keeps the size last seen: falling back to the
+  // unknown size would take the controller's reach away in the middle of a
+  // run (a stream of new connections held to the equal share, over the
+  // rate). A fresh start forgets it.
+  next.packet_bytes =
+      input.packet_bytes != 0 ? input.packet_bytes : state.packet_bytes;
   const int64_t dt_ns = ElapsedNs(input.now_ns, state.last_ns);
   if (state.last_ns == 0 || dt_ns > kBudgetMaxGapNs || dt_ns < 0 ||
       input.sent_bytes < state.sent_bytes) {
@@ -182,6 +188,7 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     // single connection is not held back at all).
     next.last_ns = input.now_ns;
     next.sent_bytes = input.sent_bytes;
+    next.packet_bytes = input.packet_bytes;
     next.start_ns = input.now_ns;
     next.start_allowance_bytes = 0;
     next.start_pending_bytes = input.start_pending_bytes;

@@ -127,8 +127,9 @@ struct BudgetState {
   // Level over the equal share rate / active, 16.16; kBoostUnbound: the
   // level is the whole rate.
   uint32_t boost = kBoostOne;
-  uint32_t under_ticks = 0;   // ticks in a row clearly under the rate
-  uint32_t packet_bytes = 0;  // BudgetInput::packet_bytes of the last tick
+  uint32_t under_ticks = 0;  // ticks in a row clearly under the rate
+  // BudgetInput::packet_bytes of the last tick that saw one.
+  uint32_t packet_bytes = 0;
   // When the key's current run of sending began (its fresh start).
   int64_t start_ns = 0;
   // What may still be forgiven of new connections' unpaced starts outside
