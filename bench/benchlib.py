@@ -31,6 +31,7 @@ import bisect
 import errno
 import heapq
 import os
+import pickle
 import select
 import shutil
 import socket
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -115,6 +117,9 @@ class Bench:
         self.warnings = []
         self.tools = TOOLS     # comparators the accuracy scenario measures
         self.tool_results = {}  # tool -> case -> figures (accuracy fills it)
+        # scenario -> tool -> client total / rate, 1 s windows (short,
+        # slowreader, spread24 fill it)
+        self.adversarial = {}
 
     def close(self):
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -179,20 +184,21 @@ class Bench:
             log("  WARNING " + text)
 
     def place(self, srv, source, n):
-        """n source ports for `source`, alternating between the two workers
-        (first port on worker 0, second on worker 1, ...): nginx listens
-        with reuseport, so the kernel picks the worker by a hash of the
-        4-tuple (harness.ports_by_worker probes it)."""
+        """n source ports for `source`, taking the workers in turn (first
+        port on worker 0, second on worker 1, ...): nginx listens with
+        reuseport, so the kernel picks the worker by a hash of the 4-tuple
+        (harness.ports_by_worker probes it)."""
         workers = srv.worker_pids()
         if n < 2 or len(workers) < 2:
             return [0] * n
-        w0, w1 = workers[:2]
-        want = {w0: (n + 1) // 2, w1: n // 2}
+        workers = workers[:n]
+        k = len(workers)
+        want = {w: (n - i + k - 1) // k for i, w in enumerate(workers)}
         found = harness.ports_by_worker(srv.port, source, want,
-                                        max_probes=max(200, 8 * n))
+                                        max_probes=max(200, 8 * n * k))
         ports = []
         for i in range(n):
-            ports.append(found[w0 if i % 2 == 0 else w1][i // 2])
+            ports.append(found[workers[i % k]][i // k])
         # The probes registered with the zone (never sent); wait until the
         # workers have seen their resets.
         if srv.zone and self.cli.is_file():
@@ -539,7 +545,7 @@ class Run:
 
 
 def drive(bench, srv, specs, duration, warm=None, max_opening=256,
-          connect_timeout=10.0, hook=None, split_at=None):
+          connect_timeout=10.0, hook=None, split_at=None, ports=None):
     """Run client connections against srv and measure them.
 
     specs: dicts with source (client address), and optionally start / stop
@@ -552,17 +558,12 @@ def drive(bench, srv, specs, duration, warm=None, max_opening=256,
     hook(when) with when "start" / "end" of the window returns a dict kept
     in marks (e.g. CPU times). split_at: seconds after base at which to
     record which worker serves which connection (ss, in a thread so the
-    reader keeps reading); default at the end of the window. Every wait is
+    reader keeps reading); default at the end of the window. ports: the
+    source ports, one per spec (placed()), if already chosen. Every wait is
     bounded.
     """
-    by_source = {}
-    for i, spec in enumerate(specs):
-        if spec.get("place", True):
-            by_source.setdefault(spec["source"], []).append(i)
-    ports = [0] * len(specs)
-    for source, idx in by_source.items():
-        for i, port in zip(idx, bench.place(srv, source, len(idx))):
-            ports[i] = port
+    if ports is None:
+        ports = placed(bench, srv, specs)
     reader = Reader(srv.port, max_opening=max_opening)
     base = time.monotonic() + 0.05
     conns = []
@@ -623,6 +624,87 @@ def drive(bench, srv, specs, duration, warm=None, max_opening=256,
     return Run(conns=conns, specs=specs, base=base, t0=t0, t1=t1, split=split,
                stat=stat, marks=marks, errors=errors(conns),
                client_cpu_pct=round(client_cpu, 1))
+
+
+def placed(bench, srv, specs):
+    """Source ports for specs (0: any): the specs of one source with place
+    (default True) take srv's workers in turn (Bench.place)."""
+    by_source = {}
+    for i, spec in enumerate(specs):
+        if spec.get("place", True):
+            by_source.setdefault(spec["source"], []).append(i)
+    ports = [0] * len(specs)
+    for source, idx in by_source.items():
+        for i, port in zip(idx, bench.place(srv, source, len(idx))):
+            ports[i] = port
+    return ports
+
+
+def drive_parallel(bench, jobs, duration, limit_s=120.0, **kw):
+    """drive() for several servers at once: jobs is a list of (srv, specs);
+    returns their Runs in order, or for a job that failed the exception's
+    text (a str). Source ports are chosen here first, one server after the
+    other (the probes must not collide); then each job's client runs in a
+    process of its own, forked, so that one Python reader's work never
+    delays another's timestamps. Warnings of the children reach bench.warn.
+    Every child is waited for at most limit_s and killed (by pid) after."""
+    ports = [placed(bench, srv, specs) for srv, specs in jobs]
+    children = []
+    try:
+        for (srv, specs), job_ports in zip(jobs, ports):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: drive, send back the Run, exit
+                os.close(r)
+                try:
+                    bench.warnings = []
+                    run = drive(bench, srv, specs, duration, ports=job_ports, **kw)
+                    for c in run.conns:
+                        c.sock = None
+                    data = pickle.dumps((run, bench.warnings))
+                except BaseException:
+                    data = pickle.dumps(("drive failed: " + traceback.format_exc(),
+                                         bench.warnings))
+                try:
+                    with os.fdopen(w, "wb") as f:
+                        f.write(data)
+                finally:
+                    os._exit(0)
+            os.close(w)
+            children.append([pid, r, bytearray(), False])
+        deadline = time.monotonic() + limit_s
+        while not all(ch[3] for ch in children):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            open_fds = [ch[1] for ch in children if not ch[3]]
+            ready, _, _ = select.select(open_fds, [], [], min(left, 1.0))
+            for ch in children:
+                if ch[1] in ready:
+                    chunk = os.read(ch[1], 1 << 20)
+                    if chunk:
+                        ch[2] += chunk
+                    else:
+                        ch[3] = True
+    finally:
+        for ch in children:
+            if not ch[3]:
+                os.kill(ch[0], 9)
+            os.close(ch[1])
+            os.waitpid(ch[0], 0)
+    runs = []
+    for (srv, _), ch in zip(jobs, children):
+        if not ch[3]:
+            runs.append("its client did not finish within %.0f s" % limit_s)
+            continue
+        if not ch[2]:
+            runs.append("its client exited without a result")
+            continue
+        result, warnings = pickle.loads(bytes(ch[2]))
+        for text in warnings:
+            bench.warn(text)
+        runs.append(result)
+    return runs
 
 
 def errors(conns):

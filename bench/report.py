@@ -10,8 +10,11 @@ python3-matplotlib, the plots it shows (RESULTS-<plot>.png):
     tool or mode, a panel per case;
   * accuracy: per-connection rates as a box per tool or mode (as a ratio of
     the fair share rate / N), a panel per case;
-  * joinleave: the per-second totals of 2 -> 8 -> 2 connections, one line
-    per tool or mode.
+  * joinleave: the per-100 ms totals of 2 -> 8 -> 2 connections, one line
+    per tool or mode;
+
+and the tables: the budget targets, the accuracy scenario against the
+comparators, the adversarial scenarios' totals per tool.
 
 bench/budget.py calls write_report() after every run. Every figure comes
 from the JSON; a case or tool missing from it is left out of the plots,
@@ -31,8 +34,9 @@ RATE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 
 
 def case_target(name):
-    """("500k N=4") -> (512000, 4); (None, None) if the name is not a case."""
-    m = re.match(r"(\d+)([kmg]?) N=(\d+)$", name.strip())
+    """("2w 500k N=4" or "500k N=4") -> (512000, 4); (None, None) if the
+    name is not a case."""
+    m = re.match(r"(?:\d+w )?(\d+)([kmg]?) N=(\d+)$", name.strip())
     if not m:
         return None, None
     return int(m.group(1)) * RATE_UNITS[m.group(2)], int(m.group(3))
@@ -77,10 +81,11 @@ def row_columns(rows):
 
 
 def panel_grid(cases, plt, draw, title, path):
-    """One panel per (name, figs) case, up to 4 a row: draw(ax, name, figs)
+    """One panel per (name, figs) case, up to 6 a row (the accuracy
+    scenario's N = 1 .. 64 of one worker count and rate): draw(ax, name, figs)
     fills one; each gets the rate's line, its title and a grid. Saves the
     figure at path and returns path."""
-    ncol = min(4, len(cases))
+    ncol = min(6, len(cases))
     nrow = (len(cases) + ncol - 1) // ncol
     fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow),
                              squeeze=False)
@@ -139,17 +144,38 @@ def plot_accuracy(raw, tso, stem, out_dir, plt):
 
 
 def plot_joinleave(figs, tso, stem, out_dir, plt):
+    """The per-100 ms totals of every tool (per second in results of
+    before the 100 ms series)."""
     tools = series(figs)
     if not tools:
         return []
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    shown = []
     for tool in tools:
-        w = figs[tool]["windows"]
-        ax.plot([i + 0.5 for i in range(len(w))], w, marker=".", label=tool)
+        w = figs[tool].get("windows_100ms")
+        step = 0.1
+        if not w:
+            w, step = figs[tool]["windows"], 1.0
+        shown += w
+        ax.plot([(i + 0.5) * step for i in range(len(w))], w, linewidth=1,
+                label=tool)
+    phases = next((figs[t]["phases_s"] for t in tools if figs[t].get("phases_s")),
+                  None)
+    if phases:
+        for x in (phases[0], phases[0] + phases[1]):
+            ax.axvline(x, color="black", linewidth=0.6, linestyle=":")
+    # Linear, clipped: nginx limit_rate sends each second's allowance in a
+    # burst (20-80x the rate for 100 ms, then nothing), which a log axis
+    # would show without its zeros.
+    clip = 4.0
+    title = "2 -> 8 -> 2 connections (tcp_tso_rtt_log %d)" % tso
+    if shown and max(shown) > clip:
+        ax.set_ylim(0, clip)
+        title += ", clipped at %gx (max %.0fx)" % (clip, max(shown))
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("s since the first connection")
-    ax.set_ylabel("client total / rate (1 s)")
-    ax.set_title("2 -> 8 -> 2 connections (tcp_tso_rtt_log %d)" % tso)
+    ax.set_ylabel("client total / rate (per 100 ms)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -157,6 +183,62 @@ def plot_joinleave(figs, tso, stem, out_dir, plt):
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
+
+
+def _num(v, fmt="%.3f"):
+    return "n/a" if v is None else fmt % v
+
+
+def tools_markdown(tools):
+    """The accuracy scenario against the comparators: one line per case and
+    tool (figures / rate); [] if none ran."""
+    cases = []
+    for per_case in tools.values():
+        cases += [c for c in per_case if c not in cases]
+    if not cases:
+        return []
+    head = ["case", "tool", "total", "conn min", "conn max", "Jain", "min 1 s",
+            "max 1 s", "refused"]
+    lines = ["### Accuracy against the comparators", "",
+             "Figures as a ratio of the rate; conn = one connection's rate over "
+             "the window; * = whole downloads finished (nothing limited them), "
+             "figures over each download's life.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    notes = []
+    for case in cases:
+        for tool, per_case in tools.items():
+            f = per_case.get(case)
+            if f is None:
+                continue
+            if "total" not in f:
+                cells = [case, tool] + ["n/a"] * 7
+            else:
+                star = "*" if f.get("basis") == "lifetime" else ""
+                cells = [case, tool, _num(f["total"]) + star, _num(f["conn_min"]),
+                         _num(f["conn_max"]), _num(f["jain"], "%.4f"),
+                         _num(f["window_min"]), _num(f["window_max"]),
+                         "%d/%d" % (f["refused"], f["connections"])]
+            lines.append("| " + " | ".join(cells) + " |")
+            if f.get("note") and tool.startswith("trickle"):
+                notes.append("* %s %s: %s" % (case, tool, f["note"]))
+    return lines + [""] + notes + ([""] if notes else [])
+
+
+def adversarial_markdown(adversarial):
+    """Client total / rate per tool in each adversarial scenario."""
+    tools = []
+    for per_tool in adversarial.values():
+        tools += [t for t in per_tool if t not in tools]
+    if not tools:
+        return []
+    head = ["scenario"] + tools
+    lines = ["### Adversarial clients: client total / rate", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for scenario, per_tool in adversarial.items():
+        lines.append("| " + " | ".join(
+            [scenario] + [_num((per_tool.get(t) or {}).get("total")) for t in tools])
+            + " |")
+    return lines + [""]
 
 
 def load_pyplot():
@@ -205,6 +287,8 @@ def write_report(results, json_path, out_dir=None):
                 plots += plot_accuracy(raw["accuracy"], tso, stem, out_dir, plt)
             if isinstance(raw.get("joinleave"), dict):
                 plots += plot_joinleave(raw["joinleave"], tso, stem, out_dir, plt)
+        lines += tools_markdown(run.get("tools") or {})
+        lines += adversarial_markdown(run.get("adversarial") or {})
         for p in plots:
             lines += ["![%s](%s)" % (p.stem, p.name), ""]
     if why:

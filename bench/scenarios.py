@@ -13,7 +13,7 @@ from contextlib import ExitStack
 import traceback
 
 from benchlib import (BIG_FILE, LIB_MODES, LIMIT_CONN, SERVER_HOST, SMALL_FILE_4K,
-                      TOOL_TEXT, drive, harness, http_request, jain, log, median,
+                      TOOL_TEXT, drive, drive_parallel, harness, http_request, jain, log, median,
                       percentile, row, spread, thread_cpu, trickle_evidence,
                       watcher_tids)
 from benchlib import windows as windows_of
@@ -35,39 +35,52 @@ def _mode_line(name, mode, text):
 # ------------------------------------------------------------------ keepalive
 
 _WRK_RPS = re.compile(r"Requests/sec:\s*([\d.]+)")
+_WRK_BYTES = re.compile(r"Transfer/sec:\s*([\d.]+)([KMGT]?B)")
+_WRK_UNITS = {"B": 1, "KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "TB": 1024 ** 4}
 
 
-def run_wrk(port, seconds, headers=()):
-    """requests/s of `wrk -t1 -c20` on the 4 KiB file, and wrk's error lines."""
-    argv = ["wrk", "-t1", "-c20", "-d%ds" % seconds]
+def run_wrk(port, seconds, headers=(), path=SMALL_FILE_4K, conns=20,
+            what="rps"):
+    """`wrk -t1 -c<conns>` on path: requests/s (what="rps") or bytes/s
+    received (what="bytes"), and wrk's error lines."""
+    argv = ["wrk", "-t1", "-c%d" % conns, "-d%ds" % seconds]
     for h in headers:
         argv += ["-H", h]
-    argv.append("http://%s:%d%s" % (SERVER_HOST, port, SMALL_FILE_4K))
+    argv.append("http://%s:%d%s" % (SERVER_HOST, port, path))
     out = subprocess.run(argv, capture_output=True, text=True,
                          timeout=seconds + 20).stdout
-    m = _WRK_RPS.search(out)
+    m = (_WRK_RPS if what == "rps" else _WRK_BYTES).search(out)
     if not m:
-        raise RuntimeError("wrk printed no Requests/sec:\n" + out)
+        raise RuntimeError("wrk printed no %s:\n%s" % (
+            "Requests/sec" if what == "rps" else "Transfer/sec", out))
     problems = [line.strip() for line in out.splitlines()
                 if "errors" in line or "Non-2xx" in line]
-    return float(m.group(1)), problems
+    value = float(m.group(1))
+    if what == "bytes":
+        value *= _WRK_UNITS[m.group(2)]
+    return value, problems
 
 
 def keepalive(bench):
-    """nginx, 1 worker, rate 1000m (never reached): wrk req/s with the
-    library / without, in pairs run back to back; keep-alive and
-    Connection: close."""
+    """nginx, 1 worker, rate 65536m (64 GiB/s: never reached, not even by
+    one download on loopback): wrk with the library / without, in pairs run
+    back to back; req/s of the 4 KiB file over keep-alive and with
+    Connection: close, bytes/s of one connection downloading 256 MiB."""
     # This machine's speed swings by 2-4x for seconds at a time (other
     # guests): each ratio comes from two runs next to each other, the
     # library's and the bare server's, in turn first, and the row is the
     # median of many short pairs.
-    rounds, seconds = (2, 1) if bench.quick else (9, 2)
+    rounds, seconds = (2, 1) if bench.quick else (7, 2)
     rows, raw = [], {}
     with ExitStack() as stack:
-        srvs = {m: stack.enter_context(bench.server(m, "1000m", workers=1))
+        srvs = {m: stack.enter_context(bench.server(m, "65536m", workers=1))
                 for m in ("none",) + MODES}
-        for variant, headers, lo in (("keep-alive", (), 0.97),
-                                     ("close", ("Connection: close",), 0.90)):
+        # One connection downloading the 256 MiB file over and over: bytes/s.
+        for variant, headers, lo, wrk_kw in (
+                ("keep-alive", (), 0.97, {}),
+                ("close", ("Connection: close",), 0.90, {}),
+                ("1 conn 256 MiB", (), 0.95,
+                 {"path": BIG_FILE, "conns": 1, "what": "bytes"})):
             rps = {m: [] for m in srvs}
             ratios = {m: [] for m in MODES}
             problems = []
@@ -77,7 +90,8 @@ def keepalive(bench):
                     pair = ("none", m) if (i + j) % 2 == 0 else (m, "none")
                     got = {}
                     for name in pair:
-                        value, errs = run_wrk(srvs[name].port, seconds, headers)
+                        value, errs = run_wrk(srvs[name].port, seconds, headers,
+                                              **wrk_kw)
                         got[name] = value
                         rps[name].append(value)
                         problems += ["%s round %d: %s" % (name, i, e) for e in errs]
@@ -87,11 +101,12 @@ def keepalive(bench):
             for p in problems:
                 bench.warn("wrk " + p)
             raw[variant] = {"rps": rps, "ratios": ratios, "wrk_problems": problems}
-            rows.append(row("keepalive", "%s: req/s vs none (median of %d pairs)"
-                            % (variant, rounds),
+            unit = "B/s" if wrk_kw.get("what") == "bytes" else "req/s"
+            rows.append(row("keepalive", "%s: %s vs none (median of %d pairs)"
+                            % (variant, unit, rounds),
                             {m: median(ratios[m]) for m in MODES}, lo=lo))
-            rows.append(row("keepalive", "%s: req/s (none: median %.0f)"
-                            % (variant, median(rps["none"])),
+            rows.append(row("keepalive", "%s: %s (none: median %.0f)"
+                            % (variant, unit, median(rps["none"])),
                             {m: median(rps[m]) for m in MODES}, fmt="%.0f"))
     return rows, raw
 
@@ -109,10 +124,7 @@ def steady(bench, mode, rate, specs, warm, window, name, warn=True):
     """One mode of a steady scenario: fresh nginx (2 workers), drive()."""
     with bench.server(mode, rate) as srv:
         run = drive(bench, srv, specs, window, warm=warm)
-        run.server = {"workers": srv.worker_pids(), "sendfile": srv.settings["sendfile"],
-                      "limit_rate": srv.settings["limit_rate"],
-                      "trickle_mapped": getattr(srv, "trickle_mapped", None),
-                      "argv0": srv.argv[0]}
+        run.server = server_info(srv)
     if warn:
         for e in run.errors[:5]:
             bench.warn("%s %s: %s" % (name, mode, e))
@@ -213,43 +225,89 @@ def trickle_verdict(fig, server, evidence):
                                                                "; ".join(why))
 
 
-def accuracy(bench):
-    """One client, N downloads over both workers: total, 1 s windows, Jain;
-    the same for the comparators (bench.tools: nginx limit_rate, limit_conn
-    + limit_rate, trickle) into bench.tool_results."""
+# Trickle is run only in these accuracy cases (workers, rate, N), one after
+# the other, never side by side with the others: nginx's workers bypass it,
+# so it sends at loopback speed and would take the CPU the others need.
+TRICKLE_CASES = ((2, "500k", 1), (2, "500k", 4))
+
+
+def accuracy_cases(bench):
+    """(workers, rate, N) of the accuracy scenario, the warm-up and the
+    window (s)."""
     if bench.quick:
-        cases, warm, window = [("500k", 4), ("500k", 64)], 2.0, 3.0
-    else:
-        cases, warm, window = [(r, n) for r in ("500k", "5m")
-                               for n in (1, 4, 16, 64)], 2.0, 10.0
+        return [(2, "500k", 4), (4, "5m", 16)], 2.0, 3.0
+    if not bench.tools:  # a second tso setting: the library's modes only
+        return [(2, r, n) for r in ("500k", "5m") for n in (1, 4, 16, 64)], 2.0, 10.0
+    return ([(w, r, n) for w in (2, 4) for r in ("500k", "5m")
+             for n in (1, 2, 4, 8, 16, 64)], 2.0, 10.0)
+
+
+def server_info(srv):
+    return {"workers": srv.worker_pids(), "sendfile": srv.settings["sendfile"],
+            "limit_rate": srv.settings["limit_rate"],
+            "trickle_mapped": getattr(srv, "trickle_mapped", None),
+            "argv0": srv.argv[0]}
+
+
+def side_by_side(bench, rate, make_specs, duration, tools=None, workers=2,
+                 server_kw=None, **drive_kw):
+    """Each of `tools` (default: the library's modes and the comparators
+    but trickle, see TRICKLE_CASES) against its own nginx at `rate`, their
+    clients at the same time (drive_parallel). make_specs(srv) gives one
+    server's specs. Returns ({tool: Run or why it has none}, {tool:
+    server_info})."""
+    if tools is None:
+        tools = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+    with ExitStack() as stack:
+        srvs = {t: stack.enter_context(bench.server(t, rate, workers=workers,
+                                                    **(server_kw or {})))
+                for t in tools}
+        infos = {t: server_info(srvs[t]) for t in tools}
+        runs = drive_parallel(bench, [(srvs[t], make_specs(srvs[t])) for t in tools],
+                              duration, **drive_kw)
+    return dict(zip(tools, runs)), infos
+
+
+def accuracy(bench):
+    """One client, N downloads over every worker: total, 1 s windows, Jain,
+    for equal and budget and the comparators (bench.tools: nginx limit_rate,
+    limit_conn + limit_rate, trickle) into bench.tool_results. Each case's
+    tools run at the same time, each against its own nginx (trickle after,
+    alone)."""
+    cases, warm, window = accuracy_cases(bench)
     rows, raw = [], {}
-    for rate, n in cases:
+    parallel = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+    for i, (workers, rate, n) in enumerate(cases):
         target = harness.parse_rate(rate)
-        name = "%s N=%d" % (rate, n)
+        name = "%dw %s N=%d" % (workers, rate, n)
+        log("  [%d/%d] %s: %s side by side" % (i + 1, len(cases), name,
+                                               ", ".join(parallel)))
+        runs, infos = side_by_side(bench, rate, lambda srv: long_specs(n), window,
+                                   tools=parallel, workers=workers, warm=warm)
         figs = {}
-        for mode in MODES:
-            run = steady(bench, mode, rate, long_specs(n), warm, window, name)
-            r = run_raw(run, target)
-            r["jain"] = round(jain(r["per_connection_Bps"]), 5)
-            figs[mode] = r
-            _mode_line(name, mode, "total %.3fx, 1 s windows %.3f..%.3f, Jain %.4f, "
-                       "workers %s" % (r["total"], min(r["windows"]),
-                                       max(r["windows"]), r["jain"], r["workers"]))
-            bench.tool_results.setdefault(mode, {})[name] = tool_figures(run, target, mode)
+        for tool in parallel:
+            figs[tool] = tool_entry(bench, tool, runs[tool], infos[tool], rate, n,
+                                    target, name)
         for tool in bench.tools:
-            comparator(bench, tool, rate, n, target, name, warm, window)
-            # Also case -> tool, beside equal / budget (what report.py plots).
-            figs[tool] = bench.tool_results[tool][name]
+            if tool in parallel:
+                continue
+            if (workers, rate, n) in TRICKLE_CASES:
+                figs[tool] = comparator(bench, tool, rate, n, target, name, warm,
+                                        window, workers)
+        for tool, entry in figs.items():
+            bench.tool_results.setdefault(tool, {})[name] = entry
         raw[name] = figs
+        if any("total" not in figs[m] for m in MODES):
+            continue
         tol = 0.10 if n >= 64 else 0.05
-        label = "%s N=%-2d" % (rate, n)
+        label = "%s N=%-2d" % ("%dw %s" % (workers, rate), n)
         rows += [
             row("accuracy", "%s total %.0f s / rate" % (label, window),
                 {m: figs[m]["total"] for m in MODES}, lo=0.97, hi=1.03),
             row("accuracy", "%s min 1 s window" % label,
-                {m: min(figs[m]["windows"]) for m in MODES}, lo=1 - tol),
+                {m: figs[m]["window_min"] for m in MODES}, lo=1 - tol),
             row("accuracy", "%s max 1 s window" % label,
-                {m: max(figs[m]["windows"]) for m in MODES}, hi=1 + tol),
+                {m: figs[m]["window_max"] for m in MODES}, hi=1 + tol),
         ]
         if n > 1:
             rows.append(row("accuracy", "%s Jain index" % label,
@@ -257,77 +315,110 @@ def accuracy(bench):
     return rows, raw
 
 
-def comparator(bench, tool, rate, n, target, name, warm, window):
-    """One comparator in one accuracy case, into bench.tool_results[tool]
-    [name]. A tool that fails (nginx does not start under it, ...) is
-    recorded as not applicable, never raised."""
+def tool_entry(bench, tool, run, info, rate, n, target, name):
+    """The figures of one tool (or share mode) in one accuracy case, from
+    its Run (or the text of why it has none), with a verdict for trickle
+    and the refusals of limit_conn; logs one line."""
     text = TOOL_TEXT[tool].replace("RATE_KB", str(target // 1024)).replace(
         "RATE", rate)
     entry = {"tool": text}
-    try:
-        run = steady(bench, tool, rate, long_specs(n), warm, window, name,
-                     warn=tool != "limit_conn")
-        fig = tool_figures(run, target, tool)
-        entry.update(fig)
-        entry["server"] = run.server
-        if tool.startswith("trickle"):
-            evidence = trickle_evidence()
-            ok, verdict = trickle_verdict(fig, run.server, evidence)
-            entry.update(applicable=ok, note=verdict, evidence=evidence)
-        elif tool == "limit_conn":
-            entry["limit_conn"] = LIMIT_CONN
-            entry["note"] = "%d of %d connections refused (503/reset)" % (
-                fig["refused"], n)
-            for e in [e for e in run.errors if "reset" not in e][:5]:
-                bench.warn("%s %s: %s" % (name, tool, e))
-        _mode_line(name, tool, "total %.3fx, per conn %.3f..%.3f, 1 s windows "
-                   "%.3f..%.3f, Jain %.4f, refused %d/%d%s" % (
-                       fig["total"], fig["conn_min"], fig["conn_max"],
-                       fig["window_min"], fig["window_max"], fig["jain"],
-                       fig["refused"], n,
-                       "; " + entry["note"] if "note" in entry else ""))
-    except Exception as e:  # a comparator must never stop the benchmark
-        entry.update(applicable=False, error=traceback.format_exc(),
-                     note="%s: not applicable, it failed here: %s" % (tool, e))
-        if tool.startswith("trickle"):
-            entry["evidence"] = trickle_evidence()
+    if isinstance(run, str):
+        entry.update(applicable=False, error=run,
+                     note="not applicable, it failed here: %s" % run.splitlines()[-1])
         _mode_line(name, tool, entry["note"])
-        bench.warn("%s %s: %s" % (name, tool, e))
-    bench.tool_results.setdefault(tool, {})[name] = entry
+        bench.warn("%s %s: %s" % (name, tool, run.splitlines()[-1]))
+        return entry
+    if tool != "limit_conn":
+        for e in run.errors[:5]:
+            bench.warn("%s %s: %s" % (name, tool, e))
+    fig = tool_figures(run, target, tool)
+    entry.update(fig)
+    entry["server"] = info
+    if tool.startswith("trickle"):
+        evidence = trickle_evidence()
+        ok, verdict_text = trickle_verdict(fig, info, evidence)
+        entry.update(applicable=ok, note=verdict_text, evidence=evidence)
+    elif tool == "limit_conn":
+        entry["limit_conn"] = LIMIT_CONN
+        entry["note"] = "%d of %d connections refused (503/reset)" % (
+            fig["refused"], n)
+        for e in [e for e in run.errors if "reset" not in e][:5]:
+            bench.warn("%s %s: %s" % (name, tool, e))
+    elif run.stat:
+        entry["stat"] = run.stat
+    _mode_line(name, tool, "total %.3fx, per conn %.3f..%.3f, 1 s windows "
+               "%.3f..%.3f, Jain %.4f, refused %d/%d, workers %s%s" % (
+                   fig["total"], fig["conn_min"], fig["conn_max"],
+                   fig["window_min"], fig["window_max"], fig["jain"],
+                   fig["refused"], n, run.split,
+                   "; " + entry["note"] if "note" in entry else ""))
+    return entry
+
+
+def comparator(bench, tool, rate, n, target, name, warm, window, workers=2):
+    """One comparator in one accuracy case, alone. A tool that fails (nginx
+    does not start under it, ...) is recorded as not applicable, never
+    raised."""
+    try:
+        with bench.server(tool, rate, workers=workers) as srv:
+            info = server_info(srv)
+            run = drive(bench, srv, long_specs(n), window, warm=warm)
+    except Exception:  # a comparator must never stop the benchmark
+        run = traceback.format_exc()
+        info = None
+    entry = tool_entry(bench, tool, run, info, rate, n, target, name)
+    if tool.startswith("trickle") and "evidence" not in entry:
+        entry["evidence"] = trickle_evidence()
+    return entry
+
+
+def failed_run(bench, name, tool, run):
+    """True (after a warning) if side_by_side() has no Run for tool."""
+    if isinstance(run, str):
+        bench.warn("%s %s: %s" % (name, tool, run.splitlines()[-1]))
+        return True
+    for e in run.errors[:5]:
+        if tool != "limit_conn" or "reset" not in e:
+            bench.warn("%s %s: %s" % (name, tool, e))
+    return False
 
 
 def short(bench):
     """4 long downloads + f new 64 KiB Range requests per second (each a new
-    connection, Connection: close), all from CLIENT."""
+    connection, Connection: close), all from CLIENT; every tool side by
+    side."""
     freqs = (20,) if bench.quick else (10, 20)
     warm, window = (2.0, 3.0) if bench.quick else (2.0, 10.0)
     rows, raw = [], {}
     for f in freqs:
         name = "%d/s" % f
+
+        def specs(srv, count=int((warm + window + 1.5) * f)):
+            shorts = []
+            for i in range(count):
+                x = (i * 7 + 1) * (1 << 20) % ((1 << 30) - (1 << 17))
+                shorts.append({"source": CLIENT, "start": 0.1 + i / f,
+                               "place": False, "group": "short",
+                               "label": "short#%d" % i,
+                               "request": http_request(srv.port, BIG_FILE,
+                                                       (x, x + 65535))})
+            return long_specs(4) + shorts
+        runs, _ = side_by_side(bench, RATE, specs, window, warm=warm)
         figs = {}
-        for mode in MODES:
-            def specs(port, count=int((warm + window + 1.5) * f)):
-                shorts = []
-                for i in range(count):
-                    x = (i * 7 + 1) * (1 << 20) % ((1 << 30) - (1 << 17))
-                    shorts.append({"source": CLIENT, "start": 0.1 + i / f,
-                                   "place": False, "group": "short",
-                                   "label": "short#%d" % i,
-                                   "request": http_request(port, BIG_FILE,
-                                                           (x, x + 65535))})
-                return long_specs(4) + shorts
-            with bench.server(mode, RATE) as srv:
-                run = drive(bench, srv, specs(srv.port), window, warm=warm)
-            for e in run.errors[:5]:
-                bench.warn("short %s %s: %s" % (name, mode, e))
+        for mode, run in runs.items():
+            if failed_run(bench, "short " + name, mode, run):
+                figs[mode] = {"error": run}
+                continue
             r = run_raw(run, TARGET)
             del r["per_connection_Bps"]
             shorts = [c for c in run.conns if c.group == "short"
                       and c.connected_at is not None and run.t0 <= c.start_at < run.t1]
-            done = [c for c in shorts if c.eof]
+            done = [c for c in shorts if c.eof and c.status in (200, 206)]
             durations = [c.done_at - c.connected_at for c in done]
             r["short_started"] = len(shorts)
             r["short_completed"] = len(done)
+            r["short_refused"] = sum(1 for c in shorts if c.status == 503
+                                     or (c.error and c.status is None))
             r["short_status"] = sorted({c.status for c in shorts if c.status})
             r["short_bytes"] = sorted({c.total for c in done})[:5]
             r["short_duration_s"] = {"median": median(durations),
@@ -337,29 +428,55 @@ def short(bench):
                              for c in run.conns if c.group is None]
             figs[mode] = r
             _mode_line(name, mode, "total %.3fx, max 1 s window %.3f; %d/%d short "
-                       "done, median %.2f s; workers at end %s" % (
+                       "done (%d refused), median %.2f s; workers at end %s" % (
                            r["total"], max(r["windows"]), len(done), len(shorts),
-                           median(durations) or 0, r["workers"]))
+                           r["short_refused"], median(durations) or 0, r["workers"]))
         raw[name] = figs
-        rows += [
-            row("short", "%s total %.0f s / rate" % (name, window),
-                {m: figs[m]["total"] for m in MODES}, hi=1.03),
-            row("short", "%s max 1 s window" % name,
-                {m: max(figs[m]["windows"]) for m in MODES}, hi=1.05),
-            row("short", "%s short request median s" % name,
-                {m: figs[m]["short_duration_s"]["median"] for m in MODES}, fmt="%.3f"),
-        ]
+        note_totals(bench, "short " + name, figs)
+        rows += judged_rows("short", [
+            ("%s total %.0f s / rate" % (name, window), "total", {"hi": 1.03}),
+            ("%s max 1 s window" % name, lambda r: max(r["windows"]), {"hi": 1.05}),
+            ("%s short request median s" % name,
+             lambda r: r["short_duration_s"]["median"], {"fmt": "%.3f"}),
+        ], figs)
     return rows, raw
+
+
+def judged_rows(scenario, metrics, figs):
+    """Table rows of a scenario: metrics are (text, key or function of a
+    tool's figures, row() keywords); only the library's modes are columns
+    (the comparators are in bench.adversarial and the report)."""
+    rows = []
+    if any("error" in figs.get(m, {"error": 1}) for m in MODES):
+        return rows
+    for text, get, kw in metrics:
+        value = (lambda r: r[get]) if isinstance(get, str) else get
+        rows.append(row(scenario, text, {m: value(figs[m]) for m in MODES}, **kw))
+    return rows
+
+
+def note_totals(bench, scenario, figs):
+    """The client total against the rate of every tool in an adversarial
+    scenario, for the comparators table and the report."""
+    for tool, r in figs.items():
+        entry = {"total": r.get("total"), "window_min": min(r["windows"])
+                 if r.get("windows") else None,
+                 "window_max": max(r["windows"]) if r.get("windows") else None,
+                 "error": r.get("error")}
+        bench.adversarial.setdefault(scenario, {})[tool] = entry
 
 
 def slowreader(bench):
     """4 downloads of one client; the first read at 20 KiB/s (small
-    SO_RCVBUF), the other three flat out."""
+    SO_RCVBUF), the other three flat out; every tool side by side."""
     warm, window = (2.0, 3.0) if bench.quick else (2.0, 10.0)
     figs = {}
-    for mode in MODES:
-        specs = long_specs(4, read_rate=20480, rcvbuf=4096, label="slow")
-        run = steady(bench, mode, RATE, specs, warm, window, "slowreader")
+    specs = long_specs(4, read_rate=20480, rcvbuf=4096, label="slow")
+    runs, _ = side_by_side(bench, RATE, lambda srv: specs, window, warm=warm)
+    for mode, run in runs.items():
+        if failed_run(bench, "slowreader", mode, run):
+            figs[mode] = {"error": run}
+            continue
         r = run_raw(run, TARGET)
         rates = r["per_connection_Bps"]
         r["slow_Bps"], r["fast_Bps"] = rates[0], rates[1:]
@@ -368,55 +485,83 @@ def slowreader(bench):
         _mode_line("slowreader", mode, "total %.3fx; slow %d B/s, fast %s B/s "
                    "(spread %.3f); workers %s" % (r["total"], rates[0], rates[1:],
                                                   r["fast_spread"], r["workers"]))
-    rows = [
-        row("slowreader", "total %.0f s / rate" % window,
-            {m: figs[m]["total"] for m in MODES}, lo=0.95),
-        row("slowreader", "3 fast: max/min - 1",
-            {m: figs[m]["fast_spread"] for m in MODES}, hi=0.05),
-        row("slowreader", "slow reader B/s (reads 20480)",
-            {m: figs[m]["slow_Bps"] for m in MODES}, fmt="%.0f"),
-        row("slowreader", "max 1 s window",
-            {m: max(figs[m]["windows"]) for m in MODES}),
-    ]
+    note_totals(bench, "slowreader", figs)
+    rows = judged_rows("slowreader", [
+        ("total %.0f s / rate" % window, "total", {"lo": 0.95}),
+        ("3 fast: max/min - 1", "fast_spread", {"hi": 0.05}),
+        ("slow reader B/s (reads 20480)", "slow_Bps", {"fmt": "%.0f"}),
+        ("max 1 s window", lambda r: max(r["windows"]), {}),
+    ], figs)
+    return rows, figs
+
+
+def spread24(bench):
+    """One client spread over a /24: 8 downloads from 8 addresses of
+    127.0.3.0/24, trafficrate keyed by TRAFFICRATE_KEY=peer/24 (one budget
+    for the network), the comparators per address as they are."""
+    warm, window = (2.0, 3.0) if bench.quick else (2.0, 10.0)
+    sources = ["127.0.3.%d" % (10 + 20 * i) for i in range(8)]
+    specs = [{"source": s, "label": "%s#0" % s} for s in sources]
+    tools = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+    figs = {}
+    # The library's modes need KEY=peer/24; the comparators ignore it.
+    runs, _ = side_by_side(bench, RATE, lambda srv: specs, window, tools=tools,
+                           warm=warm, server_kw={"KEY": "peer/24"})
+    for mode, run in runs.items():
+        if failed_run(bench, "spread24", mode, run):
+            figs[mode] = {"error": run}
+            continue
+        r = run_raw(run, TARGET)
+        r["jain"] = round(jain(r["per_connection_Bps"]), 5)
+        r["refused"] = sum(1 for c in run.conns if c.status == 503
+                           or (c.error and c.status is None))
+        figs[mode] = r
+        _mode_line("spread24", mode, "total %.3fx over %d addresses, Jain %.4f, "
+                   "refused %d" % (r["total"], len(sources), r["jain"], r["refused"]))
+    note_totals(bench, "spread24", figs)
+    rows = judged_rows("spread24", [
+        ("8 addresses of a /24, total / rate", "total", {"lo": 0.95, "hi": 1.05}),
+        ("Jain index", "jain", {"lo": 0.99, "fmt": "%.4f"}),
+    ], figs)
     return rows, figs
 
 
 def joinleave(bench):
-    """2 downloads, 6 more join (3 per worker) and leave again."""
+    """2 downloads, 6 more join (over both workers) and leave again; every
+    tool side by side; per-second and per-100 ms totals."""
     a, b, c = (2.0, 3.0, 3.0) if bench.quick else (4.0, 5.0, 5.0)
     end = a + b + c
     spans = [(1.0, a), (a + 1, a + b), (a + b + 1, end)]
     figs = {}
-    for mode in MODES:
-        specs = long_specs(2) + [{"source": CLIENT, "start": a, "stop": a + b,
-                                  "label": "join#%d" % i} for i in range(6)]
-        with bench.server(mode, RATE) as srv:
-            run = drive(bench, srv, specs, end, split_at=a + b / 2)
-        for e in run.errors[:5]:
-            bench.warn("joinleave %s: %s" % (mode, e))
+    specs = long_specs(2) + [{"source": CLIENT, "start": a, "stop": a + b,
+                              "label": "join#%d" % i} for i in range(6)]
+    runs, _ = side_by_side(bench, RATE, lambda srv: specs, end, split_at=a + b / 2)
+    for mode, run in runs.items():
+        if failed_run(bench, "joinleave", mode, run):
+            figs[mode] = {"error": run}
+            continue
         per_second = [w / TARGET for w in run.windows()]  # [0,1), [1,2), ...
+        tenths = [w / TARGET for w in windows_of(run.conns, run.t0, run.t1, 0.1)]
         kept = [per_second[i] for lo, hi in spans for i in range(int(lo), int(hi))]
         after = [per_second[i] for i in range(int(spans[2][0]), int(end))]
-        figs[mode] = {"windows": _r(per_second), "judged": _r(kept),
+        figs[mode] = {"windows": _r(per_second), "windows_100ms": _r(tenths, 3),
+                      "judged": _r(kept),
                       "after_leave": _r(after), "workers_with_8": run.split,
                       "stat_with_8": run.stat, "errors": run.errors[:20],
                       "client_cpu_pct": run.client_cpu_pct,
+                      "phases_s": [a, b, c],
                       "right_after_join": round(per_second[int(a)], 4),
                       "right_after_leave": round(per_second[int(a + b)], 4)}
         _mode_line("joinleave", mode, "windows %s; workers with 8: %s"
                    % (" ".join("%.3f" % w for w in per_second), run.split))
     phases = "%g/%g/%g s" % (a, b, c)
-    rows = [
-        row("joinleave", "2->8->2 (%s) min window" % phases,
-            {m: min(figs[m]["judged"]) for m in MODES}, lo=0.95),
-        row("joinleave", "2->8->2 max window", {m: max(figs[m]["judged"]) for m in MODES},
-            hi=1.05),
-        row("joinleave", "min window after the leave",
-            {m: min(figs[m]["after_leave"]) for m in MODES}, lo=0.95),
-        row("joinleave", "window [%g,%g) (1st after leave)" % (a + b, a + b + 1),
-            {m: figs[m]["right_after_leave"] for m in MODES}),
-    ]
-    return rows, figs
+    return judged_rows("joinleave", [
+        ("2->8->2 (%s) min window" % phases, lambda r: min(r["judged"]), {"lo": 0.95}),
+        ("2->8->2 max window", lambda r: max(r["judged"]), {"hi": 1.05}),
+        ("min window after the leave", lambda r: min(r["after_leave"]), {"lo": 0.95}),
+        ("window [%g,%g) (1st after leave)" % (a + b, a + b + 1),
+         "right_after_leave", {}),
+    ], figs), figs
 
 
 # ---------------------------------------------------------------- manyclients
@@ -518,11 +663,71 @@ def manyclients(bench):
     return rows, figs
 
 
+# ---------------------------------------------------------------- convergence
+
+_CONV_LINE = re.compile(r"^(join|leave|all)\s+n=(\d+)\s+median (\d+) us\s+"
+                        r"p99 (\d+) us\s+max (\d+) us", re.M)
+
+
+def run_convergence(bench, gap_ms, changes, siblings=4):
+    """build/convergence_bench: {join|leave|all: {n, median_us, p99_us,
+    max_us}}, its output and failures."""
+    binary = harness.library_path().parent / "convergence_bench"
+    argv = [str(binary), "--changes", str(changes), "--gap-ms", str(gap_ms),
+            "--siblings", str(siblings)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("%s: stopped after 120 s" % " ".join(argv))
+    figs = {m.group(1): {"n": int(m.group(2)), "median_us": int(m.group(3)),
+                         "p99_us": int(m.group(4)), "max_us": int(m.group(5))}
+            for m in _CONV_LINE.finditer(proc.stdout)}
+    failed = re.search(r"(\d+) failed", proc.stdout)
+    if "all" not in figs:
+        raise RuntimeError("%s printed no figures (rc %d):\n%s%s" % (
+            " ".join(argv), proc.returncode, proc.stdout, proc.stderr))
+    return {"changes": changes, "gap_ms": gap_ms, "siblings": siblings,
+            "failed": int(failed.group(1)) if failed else None,
+            "output": proc.stdout, **figs}
+
+
+def convergence(bench):
+    """The library's own measurement of the time from a join (or leave) in
+    one process until every sibling socket of the key in another process
+    carries its new share (tests/bench/convergence_bench.cc): 1000 changes
+    5 ms apart and back to back."""
+    changes = 200 if bench.quick else 1000
+    raw, rows = {}, []
+    for gap in (5, 0):
+        r = run_convergence(bench, gap, changes)
+        name = "gap %d ms" % gap
+        raw[name] = r
+        log("  %s: %s" % (name, "; ".join(
+            "%s median %d us, p99 %d us, max %d us" % (
+                k, r[k]["median_us"], r[k]["p99_us"], r[k]["max_us"])
+            for k in ("join", "leave") if k in r)))
+        for k in ("join", "leave"):
+            if k not in r:
+                continue
+            label = "%s, %d changes %s" % (
+                k, r[k]["n"] * 2, "%d ms apart" % gap if gap else "back to back")
+            # The library's modes share this path: one figure, both columns.
+            rows += [row("convergence", "%s: median us" % label,
+                         {m: r[k]["median_us"] for m in MODES}, hi=10000, fmt="%.0f"),
+                     row("convergence", "%s: p99 us" % label,
+                         {m: r[k]["p99_us"] for m in MODES}, hi=10000, fmt="%.0f"),
+                     row("convergence", "%s: max us" % label,
+                         {m: r[k]["max_us"] for m in MODES}, fmt="%.0f")]
+    return rows, raw
+
+
 SCENARIOS = {
+    "convergence": convergence,
     "keepalive": keepalive,
     "accuracy": accuracy,
     "short": short,
     "manyclients": manyclients,
     "slowreader": slowreader,
+    "spread24": spread24,
     "joinleave": joinleave,
 }

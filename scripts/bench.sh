@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
 # Benchmarks (targets from DESIGN.md; not part of scripts/test.sh):
-#   convergence: time from a join/leave in one process until every sibling
-#   socket of the key in another process carries its new share (kernel
-#   SO_MAX_PACING_RATE read back), median / p99 over 1000 changes.
-#   budget (issue 7, bench/budget.py, see bench/README.md): nginx under the
-#   library with TRAFFICRATE_SHARE=equal and =budget side by side (keepalive,
-#   accuracy, short, manyclients, slowreader, joinleave), in a private
-#   network namespace with lo at MTU 1500, with tcp_tso_rtt_log 9 and 0;
-#   one table per setting, raw figures in bench/results/. The accuracy
-#   scenario also measures nginx limit_rate, limit_conn + limit_rate and
-#   trickle side by side (bench/budget.py --tools).
 #   writepath (issue 10, Overhead; tests/bench/write_path_bench.cc, Google
 #   Benchmark from libbenchmark-dev): ns per write/send on a governed
 #   loopback socket, raw against the Governor's fast path, a share change,
 #   and the real interposer (LD_PRELOAD); table by bench/write_path.py.
+#   bench/budget.py (see bench/README.md), in a private network namespace
+#   with lo at MTU 1500, with tcp_tso_rtt_log 9 and 0: convergence (join /
+#   leave to every sibling, build/convergence_bench, 1000 changes),
+#   keepalive (wrk req/s and one connection's B/s, library against none),
+#   accuracy (nginx 2 and 4 workers, N = 1..64, 500k and 5m), short,
+#   manyclients, slowreader, spread24, joinleave; trafficrate equal and
+#   budget side by side with nginx limit_rate, limit_conn + limit_rate and
+#   trickle. One table per setting, raw figures in bench/results/, and a
+#   Markdown report with PNG plots beside them (bench/report.py).
 #
 #   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
 #   --only    e.g. --only convergence, --only writepath or --only accuracy,short
-#   --tools   the accuracy scenario's comparators (default all, see budget.py)
+#   --tools   the comparators (default all, see budget.py; none: the library only)
 #   TRAFFICRATE_BUILD_DIR=DIR   measure that build (default build/). A DIR
 #             that is already configured is rebuilt as configured (it may be
 #             another checkout); otherwise it is configured from this tree.
-# Needs root (packages, unshare). The full run took under 20 minutes on 2 cores
-# before the comparators; they add about 7 minutes per tso setting (--tools none).
+# Needs root (packages, unshare). The quick run takes under 3 minutes on 2
+# cores; the full one is meant to stay under 20 (see bench/README.md).
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 cd "$TRAFFICRATE_ROOT"
@@ -53,8 +52,8 @@ done
 
 # Is scenario $1 selected by --only (all are by default)?
 selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
-# Does --only select anything besides convergence and writepath?
-budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'convergence\|writepath\|') ]]; }
+# Does --only select anything besides writepath?
+budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'writepath\|') ]]; }
 
 # trickle: a comparator of the accuracy scenario (bench/README.md, Comparators);
 # python3-matplotlib: bench/report.py's plots; libbenchmark-dev: writepath
@@ -81,23 +80,6 @@ export TRAFFICRATE_BUILD_DIR=$build_dir
 echo "== build: $build_dir"
 
 status=0
-# convergence_bench waits up to 2 s for each change that does not converge:
-# bound each run, report a failure and go on with the rest.
-convergence() {
-  local rc=0
-  timeout 120 "$build_dir/convergence_bench" --changes 1000 "$@" || rc=$?
-  if ((rc != 0)); then
-    echo "bench.sh: convergence_bench $* failed (rc $rc$( ((rc == 124)) && echo ', stopped after 120 s'))" >&2
-    status=1
-  fi
-}
-if selected convergence; then
-  echo "== convergence, changes back to back (coalescing worst case)"
-  convergence --gap-ms 0
-  echo "== convergence, changes 5 ms apart"
-  convergence --gap-ms 5
-fi
-
 # write_path_bench twice: in-process (raw, Governor fast path, share change),
 # then under LD_PRELOAD (the real interposer); medians of repetitions run in
 # random order, summarized against raw.
