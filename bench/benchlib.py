@@ -120,6 +120,7 @@ class Bench:
         # scenario -> tool -> client total / rate, 1 s windows (short,
         # slowreader, spread24 fill it)
         self.adversarial = {}
+        self.serial = False  # --serial: tools one after the other, not side by side
 
     def close(self):
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -3,7 +3,8 @@
 TRAFFICRATE_SHARE=budget, side by side, in a private network namespace.
 
     bench/budget.py [--quick] [--only NAME[,NAME]] [--tso 9|0|both]
-                    [--tools TOOL[,TOOL]|none] [--build-dir DIR] [--out FILE]
+                    [--tools TOOL[,TOOL]|none] [--serial] [--build-dir DIR]
+                    [--out FILE]
 
 Scenarios: keepalive, accuracy, short, manyclients, slowreader, joinleave
 (see bench/README.md for what each measures and how). Every scenario runs
@@ -64,6 +65,9 @@ def parse_args(argv):
                    help="comparators measured in the accuracy scenario besides "
                    "equal and budget: comma list of %s, or none (default all)"
                    % ",".join(TOOLS))
+    p.add_argument("--serial", action="store_true",
+                   help="run the tools of a case one after the other, each alone, "
+                   "instead of side by side (slower; checks side by side)")
     p.add_argument("--build-dir", help="build with libtrafficrate.so and trafficrate "
                    "(default $TRAFFICRATE_BUILD_DIR or build/)")
     p.add_argument("--out", help="results JSON path (default bench/results/...)")
@@ -255,7 +259,7 @@ def main(argv):
             "kernel": platform.release(), "cpus": os.cpu_count(),
             "loadavg_start": os.getloadavg(), "nofile": hard,
             "modes": list(LIB_MODES), "scenarios": args.scenarios,
-            "tools": args.tool_list,
+            "tools": args.tool_list, "serial": args.serial,
             "tool_text": {t: TOOL_TEXT[t] for t in list(LIB_MODES) + args.tool_list}}
     log("trafficrate shared-budget benchmark: %s%s, library %s, commit %s%s" % (
         ",".join(args.scenarios), " (quick)" if args.quick else "", lib, commit,
@@ -265,6 +269,7 @@ def main(argv):
     results = {"meta": meta, "runs": {}}
     bench = benchlib.Bench(quick=args.quick)
     bench.tools = args.tool_list
+    bench.serial = args.serial
     old_tso = harness.sysctl(TSO_SYSCTL)
     failed = []
     tables = []

@@ -258,6 +258,18 @@ def side_by_side(bench, rate, make_specs, duration, tools=None, workers=2,
     server_info})."""
     if tools is None:
         tools = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+    if bench.serial:
+        # --serial: one tool after the other, each alone on the machine (to
+        # check that side by side measures the same).
+        runs, infos = {}, {}
+        for t in tools:
+            with bench.server(t, rate, workers=workers, **(server_kw or {})) as srv:
+                infos[t] = server_info(srv)
+                try:
+                    runs[t] = drive(bench, srv, make_specs(srv), duration, **drive_kw)
+                except Exception:
+                    runs[t] = "drive failed: " + traceback.format_exc()
+        return runs, infos
     with ExitStack() as stack:
         srvs = {t: stack.enter_context(bench.server(t, rate, workers=workers,
                                                     **(server_kw or {})))

@@ -14,11 +14,12 @@
 #   trickle. One table per setting, raw figures in bench/results/, and a
 #   Markdown report with PNG plots beside them (bench/report.py).
 #
-#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none]
+#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none] [--serial]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
 #   --only    e.g. --only convergence, --only writepath or --only accuracy,short
 #   --tools   the comparators (default all, see budget.py; none: the library only)
+#   --serial  the tools of a case one after the other, not side by side
 #   TRAFFICRATE_BUILD_DIR=DIR   measure that build (default build/). A DIR
 #             that is already configured is rebuilt as configured (it may be
 #             another checkout); otherwise it is configured from this tree.
@@ -43,6 +44,7 @@ while (($#)); do
     --tso=*) budget_args+=("$1") ;;
     --tools) budget_args+=(--tools "${2:?--tools needs a list or none}"); shift ;;
     --tools=*) budget_args+=("$1") ;;
+    --serial) budget_args+=(--serial) ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
