@@ -159,71 +159,29 @@ def print_table(tso, rows):
         judged.count("PASS"), judged.count("FAIL"), judged.count("ERROR")))
 
 
-def _ratio(v, fmt="%.3f"):
-    return "n/a" if v is None else fmt % v
-
-
 def print_tools(tso, tools):
     """The accuracy scenario's comparators: one line per case and tool."""
-    if not tools:
+    rows, notes = report.tools_rows(tools)
+    if not rows:
         return
-    cases = []
-    for per_case in tools.values():
-        cases += [c for c in per_case if c not in cases]
-    head = ("case", "tool", "total", "conn min", "conn max", "Jain", "min 1 s",
-            "max 1 s", "refused")
-    lines = [head]
-    notes = []
-    for case in cases:
-        for tool, per_case in tools.items():
-            f = per_case.get(case)
-            if f is None:
-                continue
-            if "total" not in f:
-                lines.append((case, tool) + ("n/a",) * 7)
-            else:
-                star = "*" if f.get("basis") == "lifetime" else ""
-                lines.append((case, tool, _ratio(f["total"]) + star, _ratio(f["conn_min"]),
-                              _ratio(f["conn_max"]), _ratio(f["jain"], "%.4f"),
-                              _ratio(f["window_min"]), _ratio(f["window_max"]),
-                              "%d/%d" % (f["refused"], f["connections"])))
-            if f.get("note"):
-                notes.append("%s %s: %s" % (case, tool, f["note"]))
     log("\n== tcp_tso_rtt_log=%d, accuracy against the comparators (figures / "
         "rate; conn = one connection's rate over the window)" % tso)
-    log_columns(lines)
+    log_columns([report.TOOLS_HEAD] + rows)
     if any(f.get("basis") == "lifetime" for per_case in tools.values()
            for f in per_case.values()):
         log("  * whole downloads finished (nothing limited them): figures over "
             "each download's life, first connect to last EOF, not the window")
     for n in notes:
-        log("  " + n)
-
-
-def adversarial_lines(adversarial):
-    """The adversarial scenarios' table: one line per scenario, one column
-    per tool (client total / rate over the window); [] if none ran."""
-    tools = []
-    for per_tool in adversarial.values():
-        tools += [t for t in per_tool if t not in tools]
-    if not tools:
-        return []
-    lines = [("scenario", "") + tuple(tools)]
-    for scenario, per_tool in adversarial.items():
-        cells = []
-        for t in tools:
-            f = per_tool.get(t) or {}
-            cells.append("n/a" if f.get("total") is None else "%.3f" % f["total"])
-        lines.append((scenario, "total") + tuple(cells))
-    return lines
+        log("  %s %s: %s" % n)
 
 
 def print_adversarial(tso, adversarial):
-    lines = adversarial_lines(adversarial)
-    if lines:
+    tools, rows = report.adversarial_rows(adversarial)
+    if tools:
         log("\n== tcp_tso_rtt_log=%d, adversarial clients: client total / rate "
             "per tool, side by side" % tso)
-        log_columns(lines)
+        log_columns([("scenario", "") + tuple(tools)] +
+                    [(scenario, "total") + tuple(cells) for scenario, cells in rows])
 
 
 def main(argv):

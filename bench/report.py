@@ -189,55 +189,70 @@ def _num(v, fmt="%.3f"):
     return "n/a" if v is None else fmt % v
 
 
-def tools_markdown(tools):
-    """The accuracy scenario against the comparators: one line per case and
-    tool (figures / rate); [] if none ran."""
+TOOLS_HEAD = ("case", "tool", "total", "conn min", "conn max", "Jain", "min 1 s",
+              "max 1 s", "refused")
+
+
+def tools_rows(tools):
+    """The accuracy scenario against the comparators, one row per case and
+    tool (figures / rate, TOOLS_HEAD), and the notes (case, tool, note)."""
     cases = []
     for per_case in tools.values():
         cases += [c for c in per_case if c not in cases]
-    if not cases:
-        return []
-    head = ["case", "tool", "total", "conn min", "conn max", "Jain", "min 1 s",
-            "max 1 s", "refused"]
-    lines = ["### Accuracy against the comparators", "",
-             "Figures as a ratio of the rate; conn = one connection's rate over "
-             "the window; * = whole downloads finished (nothing limited them), "
-             "figures over each download's life.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    notes = []
+    rows, notes = [], []
     for case in cases:
         for tool, per_case in tools.items():
             f = per_case.get(case)
             if f is None:
                 continue
             if "total" not in f:
-                cells = [case, tool] + ["n/a"] * 7
+                rows.append((case, tool) + ("n/a",) * 7)
             else:
                 star = "*" if f.get("basis") == "lifetime" else ""
-                cells = [case, tool, _num(f["total"]) + star, _num(f["conn_min"]),
-                         _num(f["conn_max"]), _num(f["jain"], "%.4f"),
-                         _num(f["window_min"]), _num(f["window_max"]),
-                         "%d/%d" % (f["refused"], f["connections"])]
-            lines.append("| " + " | ".join(cells) + " |")
-            if f.get("note") and tool.startswith("trickle"):
-                notes.append("* %s %s: %s" % (case, tool, f["note"]))
+                rows.append((case, tool, _num(f["total"]) + star, _num(f["conn_min"]),
+                             _num(f["conn_max"]), _num(f["jain"], "%.4f"),
+                             _num(f["window_min"]), _num(f["window_max"]),
+                             "%d/%d" % (f["refused"], f["connections"])))
+            if f.get("note"):
+                notes.append((case, tool, f["note"]))
+    return rows, notes
+
+
+def adversarial_rows(adversarial):
+    """The tools of the adversarial scenarios and one row per scenario:
+    (scenario, client total / rate per tool)."""
+    tools = []
+    for per_tool in adversarial.values():
+        tools += [t for t in per_tool if t not in tools]
+    rows = [(scenario, [_num((per_tool.get(t) or {}).get("total")) for t in tools])
+            for scenario, per_tool in adversarial.items()]
+    return tools, rows
+
+
+def tools_markdown(tools):
+    """tools_rows() as Markdown (trickle's notes below); [] if none ran."""
+    rows, notes = tools_rows(tools)
+    if not rows:
+        return []
+    lines = ["### Accuracy against the comparators", "",
+             "Figures as a ratio of the rate; conn = one connection's rate over "
+             "the window; * = whole downloads finished (nothing limited them), "
+             "figures over each download's life.", "",
+             "| " + " | ".join(TOOLS_HEAD) + " |", "|" + "---|" * len(TOOLS_HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    notes = ["* %s %s: %s" % n for n in notes if n[1].startswith("trickle")]
     return lines + [""] + notes + ([""] if notes else [])
 
 
 def adversarial_markdown(adversarial):
-    """Client total / rate per tool in each adversarial scenario."""
-    tools = []
-    for per_tool in adversarial.values():
-        tools += [t for t in per_tool if t not in tools]
+    """adversarial_rows() as Markdown; [] if none ran."""
+    tools, rows = adversarial_rows(adversarial)
     if not tools:
         return []
     head = ["scenario"] + tools
     lines = ["### Adversarial clients: client total / rate", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for scenario, per_tool in adversarial.items():
-        lines.append("| " + " | ".join(
-            [scenario] + [_num((per_tool.get(t) or {}).get("total")) for t in tools])
-            + " |")
+    lines += ["| " + " | ".join([scenario] + cells) + " |" for scenario, cells in rows]
     return lines + [""]
 
 

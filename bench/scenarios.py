@@ -163,8 +163,8 @@ def tool_figures(run, target, tool):
         windows = [w / target for w in run.windows()]
     # Refused: nginx answered 503 (limit_conn) or the connection was reset /
     # failed before it delivered a body.
-    refused = [c for c in conns if c.status == 503 or (c.error and c.status is None)]
-    served = [c for c, r in zip(conns, rates) if c not in refused]
+    refused_ = refused(conns)
+    served = [c for c, r in zip(conns, rates) if c not in refused_]
     total = (sum(rates) if basis == "window" else
              sum(c.total for c in conns) / max(1e-6, t1 - t0))
     return {
@@ -177,7 +177,7 @@ def tool_figures(run, target, tool):
         if served else None,
         "window_min": round(min(windows), 4) if windows else None,
         "window_max": round(max(windows), 4) if windows else None,
-        "connections": len(conns), "refused": len(refused), "served": len(served),
+        "connections": len(conns), "refused": len(refused_), "served": len(served),
         "status_counts": {str(k): sum(1 for c in conns if c.status == k)
                           for k in sorted({c.status for c in conns}, key=str)},
         # Downloads of the whole 256 MiB file that finished (an unlimited
@@ -249,6 +249,18 @@ def server_info(srv):
             "argv0": srv.argv[0]}
 
 
+def parallel_tools(bench):
+    """The library's modes and the comparators that run side by side (all
+    but trickle, see TRICKLE_CASES)."""
+    return list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+
+
+def refused(conns):
+    """Connections nginx answered 503 (limit_conn), or reset / failed
+    before any response."""
+    return [c for c in conns if c.status == 503 or (c.error and c.status is None)]
+
+
 def side_by_side(bench, rate, make_specs, duration, tools=None, workers=2,
                  server_kw=None, **drive_kw):
     """Each of `tools` (default: the library's modes and the comparators
@@ -257,7 +269,7 @@ def side_by_side(bench, rate, make_specs, duration, tools=None, workers=2,
     server's specs. Returns ({tool: Run or why it has none}, {tool:
     server_info})."""
     if tools is None:
-        tools = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+        tools = parallel_tools(bench)
     if bench.serial:
         # --serial: one tool after the other, each alone on the machine (to
         # check that side by side measures the same).
@@ -288,7 +300,7 @@ def accuracy(bench):
     alone)."""
     cases, warm, window = accuracy_cases(bench)
     rows, raw = [], {}
-    parallel = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
+    parallel = parallel_tools(bench)
     for i, (workers, rate, n) in enumerate(cases):
         target = harness.parse_rate(rate)
         name = "%dw %s N=%d" % (workers, rate, n)
@@ -334,15 +346,11 @@ def tool_entry(bench, tool, run, info, rate, n, target, name):
     text = TOOL_TEXT[tool].replace("RATE_KB", str(target // 1024)).replace(
         "RATE", rate)
     entry = {"tool": text}
-    if isinstance(run, str):
+    if failed_run(bench, name, tool, run):
         entry.update(applicable=False, error=run,
                      note="not applicable, it failed here: %s" % run.splitlines()[-1])
         _mode_line(name, tool, entry["note"])
-        bench.warn("%s %s: %s" % (name, tool, run.splitlines()[-1]))
         return entry
-    if tool != "limit_conn":
-        for e in run.errors[:5]:
-            bench.warn("%s %s: %s" % (name, tool, e))
     fig = tool_figures(run, target, tool)
     entry.update(fig)
     entry["server"] = info
@@ -354,8 +362,6 @@ def tool_entry(bench, tool, run, info, rate, n, target, name):
         entry["limit_conn"] = LIMIT_CONN
         entry["note"] = "%d of %d connections refused (503/reset)" % (
             fig["refused"], n)
-        for e in [e for e in run.errors if "reset" not in e][:5]:
-            bench.warn("%s %s: %s" % (name, tool, e))
     elif run.stat:
         entry["stat"] = run.stat
     _mode_line(name, tool, "total %.3fx, per conn %.3f..%.3f, 1 s windows "
@@ -389,9 +395,9 @@ def failed_run(bench, name, tool, run):
     if isinstance(run, str):
         bench.warn("%s %s: %s" % (name, tool, run.splitlines()[-1]))
         return True
-    for e in run.errors[:5]:
-        if tool != "limit_conn" or "reset" not in e:
-            bench.warn("%s %s: %s" % (name, tool, e))
+    # limit_conn's refusals are what it does, not errors.
+    for e in [e for e in run.errors if tool != "limit_conn" or "reset" not in e][:5]:
+        bench.warn("%s %s: %s" % (name, tool, e))
     return False
 
 
@@ -429,8 +435,7 @@ def short(bench):
             durations = [c.done_at - c.connected_at for c in done]
             r["short_started"] = len(shorts)
             r["short_completed"] = len(done)
-            r["short_refused"] = sum(1 for c in shorts if c.status == 503
-                                     or (c.error and c.status is None))
+            r["short_refused"] = len(refused(shorts))
             r["short_status"] = sorted({c.status for c in shorts if c.status})
             r["short_bytes"] = sorted({c.total for c in done})[:5]
             r["short_duration_s"] = {"median": median(durations),
@@ -514,19 +519,17 @@ def spread24(bench):
     warm, window = (2.0, 3.0) if bench.quick else (2.0, 10.0)
     sources = ["127.0.3.%d" % (10 + 20 * i) for i in range(8)]
     specs = [{"source": s, "label": "%s#0" % s} for s in sources]
-    tools = list(MODES) + [t for t in bench.tools if not t.startswith("trickle")]
     figs = {}
     # The library's modes need KEY=peer/24; the comparators ignore it.
-    runs, _ = side_by_side(bench, RATE, lambda srv: specs, window, tools=tools,
-                           warm=warm, server_kw={"KEY": "peer/24"})
+    runs, _ = side_by_side(bench, RATE, lambda srv: specs, window, warm=warm,
+                           server_kw={"KEY": "peer/24"})
     for mode, run in runs.items():
         if failed_run(bench, "spread24", mode, run):
             figs[mode] = {"error": run}
             continue
         r = run_raw(run, TARGET)
         r["jain"] = round(jain(r["per_connection_Bps"]), 5)
-        r["refused"] = sum(1 for c in run.conns if c.status == 503
-                           or (c.error and c.status is None))
+        r["refused"] = len(refused(run.conns))
         figs[mode] = r
         _mode_line("spread24", mode, "total %.3fx over %d addresses, Jain %.4f, "
                    "refused %d" % (r["total"], len(sources), r["jain"], r["refused"]))
