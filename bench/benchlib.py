@@ -98,6 +98,12 @@ class BenchNginx(harness.NginxServer):
                             "worker_connections %d; }" % (
                                 min(20000, 2 * self.connections + 100),
                                 self.connections + 100))
+        if self.connections > 10000:
+            # One open file shared by a worker's downloads, not one each:
+            # 12 500 sockets and as many files would pass 20 000 fds.
+            text = text.replace("http {\n", "http {\n  open_file_cache max=64 "
+                                "inactive=600s;\n", 1)
+            assert "open_file_cache" in text, "servers.py's nginx.conf changed"
         # A deep accept queue: thousands of connections arrive at once.
         return text.replace(" reuseport;", " reuseport backlog=4096;")
 
@@ -121,6 +127,7 @@ class Bench:
         # slowreader, spread24 fill it)
         self.adversarial = {}
         self.serial = False  # --serial: tools one after the other, not side by side
+        self.cases = []  # --cases: (workers, rate, N) of the accuracy scenario
 
     def close(self):
         shutil.rmtree(self.workdir, ignore_errors=True)

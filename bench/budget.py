@@ -50,7 +50,7 @@ EXTERNAL = ("writepath",)
 # Run in the first tso setting only: overhead at a rate that never binds
 # and the watcher's CPU, which the setting does not change (the whole run
 # must stay under 20 minutes).
-FIRST_SETTING_ONLY = ("convergence", "keepalive", "manyclients")
+FIRST_SETTING_ONLY = ("convergence", "keepalive", "manyclients", "scale")
 
 
 def parse_args(argv):
@@ -68,6 +68,9 @@ def parse_args(argv):
     p.add_argument("--serial", action="store_true",
                    help="run the tools of a case one after the other, each alone, "
                    "instead of side by side (slower; checks side by side)")
+    p.add_argument("--cases", default="",
+                   help="accuracy cases to run, a comma list of WORKERS:RATE:N "
+                   "(e.g. 2:500k:4,4:5m:16; default the scenario's own)")
     p.add_argument("--build-dir", help="build with libtrafficrate.so and trafficrate "
                    "(default $TRAFFICRATE_BUILD_DIR or build/)")
     p.add_argument("--out", help="results JSON path (default bench/results/...)")
@@ -85,6 +88,17 @@ def parse_args(argv):
         p.error("unknown tool(s) %s; choose from %s or none" % (
             ",".join(bad), ",".join(TOOLS)))
     args.tool_list = [t for t in TOOLS if t in tools]
+    args.case_list = []
+    for text in (c.strip() for c in args.cases.split(",") if c.strip()):
+        parts = text.split(":")
+        try:
+            workers, rate, n = int(parts[0]), parts[1], int(parts[2])
+            harness.parse_rate(rate)
+            if len(parts) != 3 or workers < 1 or n < 1:
+                raise ValueError(text)
+        except (ValueError, IndexError):
+            p.error("--cases: %r is not WORKERS:RATE:N (e.g. 2:500k:4)" % text)
+        args.case_list.append((workers, rate, n))
     return args
 
 
@@ -228,6 +242,7 @@ def main(argv):
     bench = benchlib.Bench(quick=args.quick)
     bench.tools = args.tool_list
     bench.serial = args.serial
+    bench.cases = args.case_list
     old_tso = harness.sysctl(TSO_SYSCTL)
     failed = []
     tables = []

@@ -12,6 +12,9 @@ python3-matplotlib, the plots it shows (RESULTS-<plot>.png):
     the fair share rate / N), a panel per case;
   * joinleave: the per-100 ms totals of 2 -> 8 -> 2 connections, one line
     per tool or mode;
+  * scale: against the number of connections (1k to 50k over 4 workers),
+    the watchers' CPU, the join-to-every-sibling latency and the workers'
+    resident memory with and without the library;
 
 and the tables: the budget targets, the accuracy scenario against the
 comparators, the adversarial scenarios' totals per tool.
@@ -185,6 +188,57 @@ def plot_joinleave(figs, tso, stem, out_dir, plt):
     return [path]
 
 
+def plot_scale(figs, tso, stem, out_dir, plt):
+    """Against the number of connections: the watchers' CPU (per population),
+    the time a join takes to reach every sibling, the workers' resident
+    memory with and without the library."""
+    pops = [(name, label, figs.get(name) or []) for name, label in (
+        ("conns", "10 clients"), ("keys", "1 connection per client"))]
+    if not any(f for _, _, f in pops):
+        return []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    for _, label, f in pops:
+        f = [x for x in f if "watcher_cpu_pct" in x]
+        ax.plot([x["connections"] for x in f], [x["watcher_cpu_pct"] for x in f],
+                marker="o", label=label)
+    n = [x["connections"] for _, _, f in pops for x in f]
+    if n:
+        top = max(n)
+        ax.plot([0, top], [0, top / 10000.0], color="grey", linestyle="--",
+                linewidth=0.8, label="target: 1% per 10k")
+    ax.set_title("watcher CPU (all 4 workers), steady")
+    ax.set_ylabel("% of a core")
+    ax = axes[1]
+    join = figs.get("join") or []
+    for q in ("median_us", "p99_us", "max_us"):
+        ax.plot([j["connections"] for j in join if "join" in j],
+                [j["join"][q] / 1000.0 for j in join if "join" in j],
+                marker="o", label=q.split("_")[0])
+    ax.axhline(10.0, color="grey", linestyle="--", linewidth=0.8, label="target 10 ms")
+    ax.set_title("join until every sibling has its share")
+    ax.set_ylabel("ms")
+    ax = axes[2]
+    for name, label in (("conns", "with the library"),
+                        ("conns_without_library", "without (nginx limit_rate)")):
+        f = figs.get(name) or []
+        ax.plot([x["connections"] for x in f], [x["rss_total_kb"] / 1024.0 for x in f],
+                marker="o", label=label)
+    ax.set_title("nginx workers' resident memory")
+    ax.set_ylabel("MiB")
+    for ax in axes:
+        ax.set_xlabel("connections (4 nginx workers)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    fig.suptitle("scale (tcp_tso_rtt_log %d)" % tso)
+    fig.tight_layout()
+    path = out_dir / ("%s-scale-tso%d.png" % (stem, tso))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path]
+
+
 def _num(v, fmt="%.3f"):
     return "n/a" if v is None else fmt % v
 
@@ -302,6 +356,8 @@ def write_report(results, json_path, out_dir=None):
                 plots += plot_accuracy(raw["accuracy"], tso, stem, out_dir, plt)
             if isinstance(raw.get("joinleave"), dict):
                 plots += plot_joinleave(raw["joinleave"], tso, stem, out_dir, plt)
+            if isinstance(raw.get("scale"), dict) and "join" in raw["scale"]:
+                plots += plot_scale(raw["scale"], tso, stem, out_dir, plt)
         lines += tools_markdown(run.get("tools") or {})
         lines += adversarial_markdown(run.get("adversarial") or {})
         for p in plots:

@@ -17,6 +17,7 @@ from benchlib import (BIG_FILE, LIB_MODES, LIMIT_CONN, SERVER_HOST, SMALL_FILE_4
                       percentile, row, spread, thread_cpu, trickle_evidence,
                       watcher_tids)
 from benchlib import windows as windows_of
+from scale import scale
 
 RATE = "500k"
 TARGET = 512000
@@ -234,6 +235,8 @@ TRICKLE_CASES = ((2, "500k", 1), (2, "500k", 4))
 def accuracy_cases(bench):
     """(workers, rate, N) of the accuracy scenario, the warm-up and the
     window (s)."""
+    if bench.cases:  # --cases
+        return list(bench.cases), 2.0, 3.0 if bench.quick else 10.0
     if bench.quick:
         return [(2, "500k", 4), (4, "5m", 16)], 2.0, 3.0
     if not bench.tools:  # a second tso setting: the library's modes only
@@ -684,12 +687,13 @@ _CONV_LINE = re.compile(r"^(join|leave|all)\s+n=(\d+)\s+median (\d+) us\s+"
                         r"p99 (\d+) us\s+max (\d+) us", re.M)
 
 
-def run_convergence(bench, gap_ms, changes, siblings=4):
+def run_convergence(bench, gap_ms, changes, siblings=4, others=0):
     """build/convergence_bench: {join|leave|all: {n, median_us, p99_us,
-    max_us}}, its output and failures."""
+    max_us}}, its output and failures. others: connections of other keys
+    held in 4 processes (the scale scenario)."""
     binary = harness.library_path().parent / "convergence_bench"
     argv = [str(binary), "--changes", str(changes), "--gap-ms", str(gap_ms),
-            "--siblings", str(siblings)]
+            "--siblings", str(siblings), "--others", str(others)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
@@ -702,6 +706,7 @@ def run_convergence(bench, gap_ms, changes, siblings=4):
         raise RuntimeError("%s printed no figures (rc %d):\n%s%s" % (
             " ".join(argv), proc.returncode, proc.stdout, proc.stderr))
     return {"changes": changes, "gap_ms": gap_ms, "siblings": siblings,
+            "others": others,
             "failed": int(failed.group(1)) if failed else None,
             "output": proc.stdout, **figs}
 
@@ -745,4 +750,5 @@ SCENARIOS = {
     "slowreader": slowreader,
     "spread24": spread24,
     "joinleave": joinleave,
+    "scale": scale,
 }

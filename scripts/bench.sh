@@ -9,17 +9,21 @@
 #   leave to every sibling, build/convergence_bench, 1000 changes),
 #   keepalive (wrk req/s and one connection's B/s, library against none),
 #   accuracy (nginx 2 and 4 workers, N = 1..64, 500k and 5m), short,
-#   manyclients, slowreader, spread24, joinleave; trafficrate equal and
-#   budget side by side with nginx limit_rate, limit_conn + limit_rate and
-#   trickle. One table per setting, raw figures in bench/results/, and a
-#   Markdown report with PNG plots beside them (bench/report.py).
+#   manyclients, slowreader, spread24, joinleave, scale (1k to 50k
+#   connections over 4 workers, and 50k keys: delivered bytes, watcher CPU,
+#   resident memory, join latency); trafficrate equal and budget side by
+#   side with nginx limit_rate, limit_conn + limit_rate and trickle. One
+#   table per setting, raw figures in bench/results/, and a Markdown report
+#   with PNG plots beside them (bench/report.py).
 #
-#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none] [--serial]
+#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none]
+#                    [--serial] [--cases W:RATE:N[,...]]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
 #   --only    e.g. --only convergence, --only writepath or --only accuracy,short
 #   --tools   the comparators (default all, see budget.py; none: the library only)
 #   --serial  the tools of a case one after the other, not side by side
+#   --cases   only these accuracy cases, e.g. 2:500k:4,4:5m:16 (workers:rate:N)
 #   TRAFFICRATE_BUILD_DIR=DIR   measure that build (default build/). A DIR
 #             that is already configured is rebuilt as configured (it may be
 #             another checkout); otherwise it is configured from this tree.
@@ -45,6 +49,8 @@ while (($#)); do
     --tools) budget_args+=(--tools "${2:?--tools needs a list or none}"); shift ;;
     --tools=*) budget_args+=("$1") ;;
     --serial) budget_args+=(--serial) ;;
+    --cases) budget_args+=(--cases "${2:?--cases needs W:RATE:N[,...]}"); shift ;;
+    --cases=*) budget_args+=("$1") ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
@@ -86,7 +92,7 @@ status=0
 # then under LD_PRELOAD (the real interposer); medians of repetitions run in
 # random order, summarized against raw.
 writepath() {
-  local out reps=5 min_time=0.5 zone="wpb$$" rc=0
+  local out reps=5 min_time=0.3 zone="wpb$$" rc=0
   ((quick)) && reps=3 min_time=0.1
   out=$(mktemp -d)
   local args=(--benchmark_repetitions=$reps --benchmark_min_time=$min_time
