@@ -189,11 +189,11 @@ def print_tools(tso, tools):
         log("  %s %s: %s" % n)
 
 
-def print_adversarial(tso, adversarial):
+def print_adversarial(tso, adversarial, serial=False):
     tools, rows = report.adversarial_rows(adversarial)
     if tools:
         log("\n== tcp_tso_rtt_log=%d, adversarial clients: client total / rate "
-            "per tool, side by side" % tso)
+            "per tool, %s" % (tso, "one after the other" if serial else "side by side"))
         log_columns([("scenario", "") + tuple(tools)] +
                     [(scenario, "total") + tuple(cells) for scenario, cells in rows])
 
@@ -290,7 +290,7 @@ def main(argv):
     for tso, rows, tools, adversarial in tables:
         print_table(tso, rows)
         print_tools(tso, tools)
-        print_adversarial(tso, adversarial)
+        print_adversarial(tso, adversarial, args.serial)
     for w in bench.warnings:
         log("warning: " + w)
     for e in failed:

@@ -307,8 +307,9 @@ def accuracy(bench):
     for i, (workers, rate, n) in enumerate(cases):
         target = harness.parse_rate(rate)
         name = "%dw %s N=%d" % (workers, rate, n)
-        log("  [%d/%d] %s: %s side by side" % (i + 1, len(cases), name,
-                                               ", ".join(parallel)))
+        log("  [%d/%d] %s: %s %s" % (i + 1, len(cases), name, ", ".join(parallel),
+                                     "one after the other" if bench.serial
+                                     else "side by side"))
         runs, infos = side_by_side(bench, rate, lambda srv: long_specs(n), window,
                                    tools=parallel, workers=workers, warm=warm)
         figs = {}
@@ -417,7 +418,9 @@ def short(bench):
         def specs(srv, count=int((warm + window + 1.5) * f)):
             shorts = []
             for i in range(count):
-                x = (i * 7 + 1) * (1 << 20) % ((1 << 30) - (1 << 17))
+                # Spread over the file, each range inside it (a range past
+                # its end would be a 416 of a few hundred bytes).
+                x = (i * 7 + 1) * (1 << 20) % (harness.BIG_FILE_SIZE - (1 << 17))
                 shorts.append({"source": CLIENT, "start": 0.1 + i / f,
                                "place": False, "group": "short",
                                "label": "short#%d" % i,
