@@ -74,6 +74,8 @@ def parse_args(argv):
     p.add_argument("--build-dir", help="build with libtrafficrate.so and trafficrate "
                    "(default $TRAFFICRATE_BUILD_DIR or build/)")
     p.add_argument("--out", help="results JSON path (default bench/results/...)")
+    p.add_argument("--writepath", help="bench/write_path.py --json summary to put "
+                   "into the results and report (scripts/bench.sh passes it)")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS and n not in EXTERNAL]
@@ -239,12 +241,18 @@ def main(argv):
     if foreign:
         log("NOTE: the library was built from %s, not from this tree" % source)
     results = {"meta": meta, "runs": {}}
+    failed = []
+    if args.writepath:
+        try:
+            with open(args.writepath) as f:
+                results["writepath"] = json.load(f)
+        except (OSError, ValueError) as e:
+            failed.append("writepath: %s" % e)
     bench = benchlib.Bench(quick=args.quick)
     bench.tools = args.tool_list
     bench.serial = args.serial
     bench.cases = args.case_list
     old_tso = harness.sysctl(TSO_SYSCTL)
-    failed = []
     tables = []
     try:
         for k, tso in enumerate(args.tso_values):

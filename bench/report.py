@@ -321,6 +321,28 @@ def load_pyplot():
         return None, "matplotlib is missing (%s): apt-get install python3-matplotlib" % e
 
 
+def writepath_markdown(rows):
+    """The write path microbenchmark (scripts/bench.sh, bench/write_path.py)."""
+    if not rows:
+        return []
+    out = ["## Write path", "",
+           "Google Benchmark, `build/write_path_bench`: ns per call on a governed "
+           "loopback socket at a rate that never binds, medians of repetitions in "
+           "random order. `library/fast` is the library's own part of a send when "
+           "no share changes (target: adds <= 50 ns), `library/share_change_manual` "
+           "when one does (a `setsockopt`); `*/governed` and `*/interposed` (the "
+           "real interposer under `LD_PRELOAD`) against the raw call, whose spread "
+           "on loopback (some 100 ns) is larger than the library's part.", "",
+           "| case | ns/call | vs raw | +ns |", "|---|---|---|---|"]
+    for r in rows:
+        base = r.get("base_ns")
+        ratio = "%.3f" % (r["ns"] / base) if base else "-"
+        plus = "%+.1f" % (r["ns"] - base) if base else "-"
+        note = " (error: %s)" % r["error"] if r.get("error") else ""
+        out.append("| %s%s | %.1f | %s | %s |" % (r["case"], note, r["ns"], ratio, plus))
+    return out + [""]
+
+
 def write_report(results, json_path, out_dir=None):
     """Writes the Markdown report (and plots) of `results`; returns its path."""
     json_path = Path(json_path)
@@ -343,6 +365,7 @@ def write_report(results, json_path, out_dir=None):
         lines.append("Modified files in the tree measured: %s." %
                      ", ".join(meta["modified_files"]))
     lines.append("")
+    lines += writepath_markdown(results.get("writepath"))
     for key, run in sorted(results.get("runs", {}).items()):
         tso = run.get("tcp_tso_rtt_log")
         rows = run.get("rows", [])

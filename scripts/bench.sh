@@ -88,6 +88,9 @@ export TRAFFICRATE_BUILD_DIR=$build_dir
 echo "== build: $build_dir"
 
 status=0
+# The write path's summary, handed to budget.py for the results and report.
+wp_json=$(mktemp --tmpdir trafficrate-writepath.XXXXXX.json)
+trap 'rm -f "$wp_json"' EXIT
 # write_path_bench twice: in-process (raw, Governor fast path, share change),
 # then under LD_PRELOAD (the real interposer); medians of repetitions run in
 # random order, summarized against raw.
@@ -108,11 +111,12 @@ writepath() {
     rm -f "/dev/shm/trafficrate.$zone"
   fi
   if ((rc == 0)); then
-    /usr/bin/python3 "$TRAFFICRATE_ROOT/bench/write_path.py" \
+    /usr/bin/python3 "$TRAFFICRATE_ROOT/bench/write_path.py" --json "$wp_json" \
       "$out/plain.json" "$out/preloaded.json" || rc=$?
   fi
   rm -rf "$out"
   if ((rc != 0)); then
+    : >"$wp_json"
     echo "bench.sh: write_path_bench failed (rc $rc)" >&2
     status=1
   fi
@@ -128,6 +132,7 @@ if selected writepath; then
 fi
 
 if budget_selected; then
+  [[ -s $wp_json ]] && budget_args+=(--writepath "$wp_json")
   echo "== shared budget (bench/budget.py ${budget_args[*]})"
   # Everything of it in one private namespace: lo at MTU 1500, the sysctl
   # net.ipv4.tcp_tso_rtt_log changed there only.
