@@ -47,6 +47,12 @@ constexpr uint32_t kUnderTicks = 5;
 constexpr double kMinBoost = 0.25;
 // The balance moves the level by at most this part either way.
 constexpr double kMaxBalanceEffect = 0.5;
+// While every connection is held back by its pacing the level is the equal
+// share at most, but the boost, the integral behind it, may go this far
+// above 1: the count's lumps (packets sent in step, seconds apart) then
+// move it both ways around where the key sends its rate, rather than only
+// down from a ceiling at 1, which held such keys 3-10% under their rate.
+constexpr double kPacedBoostCeiling = 1.25;
 // Up to this gap between a connection's packets the controller has its
 // full authority (kMinBoost, kMaxBalanceEffect); beyond, less in
 // proportion. Two seconds: a client opening more new connections than its
@@ -241,9 +247,15 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   // (packets sent in step, measured a little late) may go either way by
   // the band: what it shows banked within the band is kept too, or the
   // lumps would leave a debt on average while the key sends its rate.
+  // Bounded the same both ways then: connections sending large packets
+  // in step show seconds of nothing and then a lump of more than the band,
+  // and a bank clipped shorter than the debt each lump leaves would hold
+  // the key under its rate on average.
   const bool all_paced = under_pace == 0 && state.boost != kBoostUnbound;
-  balance = Clamp(balance, -rate * kBudgetMaxDebtNs / kNsPerSecF,
-                  all_paced ? burst + pace.band_bytes : burst);
+  const double max_debt = rate * kBudgetMaxDebtNs / kNsPerSecF;
+  balance = Clamp(balance, -max_debt,
+                  all_paced ? std::max(burst + pace.band_bytes, max_debt)
+                            : burst);
   next.balance_bytes = SaturatingInt64(balance);
   const double now_rate = bytes * kNsPerSecF / dt;
 
@@ -282,13 +294,15 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     double integral_ns = pace.integral_ns;
     if (all_paced) {
       // Every sending connection is held back by its pacing: the equal
-      // share is the max-min level, so the boost is 1 at most (`most`
-      // below), under only while the key sends more than its rate even so.
-      // The count moves in whole packets, often in step: while the balance
-      // is within the band, where those lumps are most of what it shows,
-      // the boost goes down twice as slowly as it comes back up, so that
-      // their noise does not keep the level below the equal share.
-      boost = std::min(boost, 1.0);
+      // share is the max-min level, so the level is the equal share at
+      // most, under only while the key sends more than its rate even so.
+      // The count moves in whole packets, often in step: the boost follows
+      // that noise both ways within kPacedBoostCeiling, above the level's
+      // clip at 1, so that it does not hold the level under the equal
+      // share on average; and while the balance is within the band, where
+      // those lumps are most of what it shows, it goes down twice as
+      // slowly as it comes back up.
+      boost = std::min(boost, kPacedBoostCeiling);
       if (balance_error >= 0 && error <= 0) integral_ns *= 2;
     }
     boost *= std::exp(Clamp(error * dt / integral_ns, -1.0, 1.0) +
@@ -318,12 +332,22 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     // The max-min level is at most the rate over the connections that
     // are held back (1 when all are).
     const double most =
-        under_pace < n ? static_cast<double>(n) / (n - under_pace) : n;
+        under_pace == 0 ? kPacedBoostCeiling
+        : under_pace < n ? static_cast<double>(n) / (n - under_pace)
+                         : n;
     next.boost = under && boost >= n
                      ? kBoostUnbound
                      : ToBoost(Clamp(boost, pace.min_boost, under ? n : most));
   }
-  next.level_bytes_per_sec = LevelFor(next, n, settings, pace);
+  if (all_paced && next.boost > kBoostOne) {
+    // The equal share is the max-min level: the boost above 1 is only the
+    // integral's room (kPacedBoostCeiling), not a level.
+    BudgetState clipped = next;
+    clipped.boost = kBoostOne;
+    next.level_bytes_per_sec = LevelFor(clipped, n, settings, pace);
+  } else {
+    next.level_bytes_per_sec = LevelFor(next, n, settings, pace);
+  }
   next.last_ns = input.now_ns;
   next.sent_bytes = input.sent_bytes;
   return next;
@@ -348,7 +372,19 @@ BudgetState BudgetMembershipChange(const BudgetState& state,
     next.boost = ToBoost(
         std::max(boost * new_active / old_active, std::min(boost, 1.0)));
   }
-  next.level_bytes_per_sec = LevelFor(next, new_active, settings);
+  BudgetState for_level = next;
+  if (next.boost != kBoostUnbound && next.boost > kBoostOne &&
+      old_active > 0 && state.level_bytes_per_sec > 0) {
+    // A boost above 1 whose level was the equal share (every connection
+    // held back by its pacing: kPacedBoostCeiling's room) gives the equal
+    // share again.
+    BudgetState one = state;
+    one.boost = kBoostOne;
+    if (state.level_bytes_per_sec <= LevelFor(one, old_active, settings)) {
+      for_level.boost = kBoostOne;
+    }
+  }
+  next.level_bytes_per_sec = LevelFor(for_level, new_active, settings);
   return next;
 }
 

@@ -30,9 +30,12 @@
 //   the equal share rate / active times a boost, which integrates the gap
 //   between the rate and what the key sends (>= 0.5 s). While every
 //   sending connection is held back by its pacing (BudgetInput::under is
-//   0) the equal share is the max-min level: the boost is 1 at most, below
-//   only while the key sends more than its rate even so, and it follows
-//   the count's lumps down only slowly. While some use less than their
+//   0) the equal share is the max-min level: the level uses a boost of 1
+//   at most, below only while the key sends more than its rate even so.
+//   The boost itself may float up to 1.25 then, so that the count's lumps
+//   (packets sent in step, seconds apart) move it both ways around where
+//   the key sends its rate instead of only down from 1, and it follows
+//   them down only slowly. While some use less than their
 //   share it rises while the rest split what they leave (at most to the
 //   rate over those that do not) and falls while the key sends more than
 //   its rate.

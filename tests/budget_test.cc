@@ -129,6 +129,14 @@ class Sim {
   int ticks_applied() const { return ticks_applied_; }
   // Only every k-th tick's input holds the packet size (1: all).
   void set_packet_seen_every(int k) { packet_seen_every_ = k; }
+  // Every packet this size (as cwnd-bound TSO packets on a LAN path), sent
+  // without the timer's jitter: connections that start together stay in
+  // step, as measured with nginx at tcp_tso_rtt_log 9.
+  void set_packets_in_step(double bytes) {
+    fixed_packet_ = bytes;
+    jitter_ns_ = 0;
+  }
+  uint64_t applied() const { return applied_; }
 
  private:
   // The watcher measures a connection about every two segments at its pace
@@ -202,6 +210,7 @@ class Sim {
     }
   }
   double PacketBytes(const SimConn& c) const {
+    if (fixed_packet_ > 0) return fixed_packet_;
     if (big_packets_) return 65536;
     // tcp_tso_autosize with tcp_tso_rtt_log=0: 1 ms of the pacing rate,
     // at least 2 segments.
@@ -232,7 +241,7 @@ class Sim {
       gap -= std::min(gap / 2, c.wstamp_ns - prior);
       c.wstamp_ns += gap;
       c.next_departure_ns =
-          c.wstamp_ns + static_cast<int64_t>(jitter_(random_) * 2e5);
+          c.wstamp_ns + static_cast<int64_t>(jitter_(random_) * jitter_ns_);
     }
     c.segs_out += static_cast<int>(std::ceil(size / kMss));
     if (c.remaining <= 0) Leave(static_cast<size_t>(&c - conns_.data()));
@@ -244,6 +253,8 @@ class Sim {
   uint64_t applied_ = 0;
   int ticks_applied_ = 0;
   int packet_seen_every_ = 1;
+  double fixed_packet_ = 0;
+  double jitter_ns_ = 2e5;
   int64_t ticks_ = 0;
   bool trace_ = std::getenv("BUDGET_TRACE") != nullptr;
   std::mt19937 random_{42};
@@ -341,7 +352,9 @@ TEST(BudgetTest, ConnectionsAllHeldBackByTheirPacingKeepTheEqualShare) {
   }
   EXPECT_LE(hi, equal);
   EXPECT_GE(lo, equal * 9 / 10);
-  EXPECT_LE(state.boost, kBoostOne);
+  // The integral behind the level may float above 1 (its room while the
+  // level is clipped at the equal share), never far.
+  EXPECT_LE(state.boost, kBoostOne * 5 / 4);
   // The same lumps with half the connections using less than their share:
   // the level may rise, but never beyond the rate over those held back.
   state = BudgetState();
@@ -421,6 +434,35 @@ TEST(BudgetTest, ConnectionsStartingTogetherAreNotMadeToRepayTheirStart) {
   }
   EXPECT_GE(lowest, 512000 / 64 * 9 / 10);
   EXPECT_NEAR(sim.Ratio(2, 12), 1.0, 0.03);
+}
+
+// 64 connections of a 500 KB/s client through nginx at tcp_tso_rtt_log 9:
+// packets of ~13 segments, 2.3 s apart at the equal share, all in step. The
+// count then shows two seconds of nothing and then 1.2 MB (2.3 s of the
+// rate) at once. With the boost clipped at 1 each lump drove it down and
+// the silence after only brought it back to 1, and the bank was clipped
+// shorter than the debt each lump left: the level held 0.93 (16) and 0.84
+// (64) of the equal share on average here; measured with nginx, 0.89-0.97x
+// the rate at 64 connections.
+TEST(BudgetTest, PacketsInStepSecondsApartKeepTheEqualShare) {
+  for (int n : {16, 64}) {
+    Sim sim(512000, /*big_packets=*/false);
+    sim.set_packets_in_step(13 * kMss);
+    for (int i = 0; i < n; ++i) sim.Join();
+    sim.Run(2);
+    const double equal = 512000.0 / n;
+    double level_sum = 0;
+    int samples = 0;
+    for (int i = 0; i < 400; ++i) {
+      sim.Run(0.1);
+      level_sum += static_cast<double>(sim.applied());
+      ++samples;
+    }
+    // A window holds whole lumps: over 40 s one more or less is 6%.
+    EXPECT_NEAR(sim.Ratio(2, 42), 1.0, 0.06) << "n=" << n;
+    EXPECT_GE(level_sum / samples, 0.97 * equal) << "n=" << n;
+    EXPECT_LE(level_sum / samples, 1.03 * equal) << "n=" << n;
+  }
 }
 
 TEST(BudgetTest, ShortConnectionsNextToLongOnesDoNotRaiseTheTotal) {
