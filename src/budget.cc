@@ -253,9 +253,9 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   // the key under its rate on average.
   const bool all_paced = under_pace == 0 && state.boost != kBoostUnbound;
   const double max_debt = rate * kBudgetMaxDebtNs / kNsPerSecF;
-  balance = Clamp(balance, -max_debt,
-                  all_paced ? std::max(burst + pace.band_bytes, max_debt)
-                            : burst);
+  balance =
+      Clamp(balance, -max_debt,
+            all_paced ? std::max(burst + pace.band_bytes, max_debt) : burst);
   next.balance_bytes = SaturatingInt64(balance);
   const double now_rate = bytes * kNsPerSecF / dt;
 
@@ -331,10 +331,10 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     if (under) boost *= 2;
     // The max-min level is at most the rate over the connections that
     // are held back (1 when all are).
-    const double most =
-        under_pace == 0 ? kPacedBoostCeiling
-        : under_pace < n ? static_cast<double>(n) / (n - under_pace)
-                         : n;
+    const double most = under_pace == 0 ? kPacedBoostCeiling
+                        : under_pace < n
+                            ? static_cast<double>(n) / (n - under_pace)
+                            : n;
     next.boost = under && boost >= n
                      ? kBoostUnbound
                      : ToBoost(Clamp(boost, pace.min_boost, under ? n : most));
@@ -373,8 +373,8 @@ BudgetState BudgetMembershipChange(const BudgetState& state,
         std::max(boost * new_active / old_active, std::min(boost, 1.0)));
   }
   BudgetState for_level = next;
-  if (next.boost != kBoostUnbound && next.boost > kBoostOne &&
-      old_active > 0 && state.level_bytes_per_sec > 0) {
+  if (next.boost != kBoostUnbound && next.boost > kBoostOne && old_active > 0 &&
+      state.level_bytes_per_sec > 0) {
     // A boost above 1 whose level was the equal share (every connection
     // held back by its pacing: kPacedBoostCeiling's room) gives the equal
     // share again.
