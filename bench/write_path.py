@@ -44,7 +44,7 @@ def baseline(name):
 
 
 def summary(results):
-    """Rows (name, ns, base ns or None, applied, error), by case then size."""
+    """Rows (case, ns, base_ns or None, applied, error), by case then size."""
     def order(name):  # by case, then by write size
         parts = name.split("/")
         size = int(parts[-1]) if parts[-1].isdigit() else -1
@@ -55,8 +55,7 @@ def summary(results):
         ns, applied, error = results[name]
         base = baseline(name)
         base_ns = results[base][0] if base in results and base != name else None
-        rows.append({"case": name, "ns": ns, "base": base if base_ns else None,
-                     "base_ns": base_ns,
+        rows.append({"case": name, "ns": ns, "base_ns": base_ns,
                      "applied": applied if "share_change" in name else None,
                      "error": error})
     return rows

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "src/clock.h"
 
@@ -133,21 +134,30 @@ double BalanceFactor(const BudgetState& s, double rate, const KeyPace& pace) {
                    pace.balance_effect);
 }
 
+// A boost with no cap but its own bounds.
+constexpr double kAnyBoost = std::numeric_limits<double>::infinity();
+
 // The level of a key: the whole rate while unbound, else the equal share
-// times the boost times the balance's correction, at most the rate.
+// times the boost (taken as max_boost at most: 1 while every connection is
+// held back by its pacing, where a boost above it is only the integral's
+// room, kPacedBoostCeiling) times the balance's correction, at most the
+// rate.
 uint64_t LevelFor(const BudgetState& s, uint32_t active,
-                  const BudgetSettings& settings, const KeyPace& pace) {
+                  const BudgetSettings& settings, const KeyPace& pace,
+                  double max_boost = kAnyBoost) {
   const double rate = static_cast<double>(settings.rate_bytes_per_sec);
   if (s.boost == kBoostUnbound) return settings.rate_bytes_per_sec;
   const double n = active > 0 ? active : 1;
-  const double level = rate / n * static_cast<double>(s.boost) / kBoostOne *
-                       BalanceFactor(s, rate, pace);
+  const double boost =
+      std::min(static_cast<double>(s.boost) / kBoostOne, max_boost);
+  const double level = rate / n * boost * BalanceFactor(s, rate, pace);
   return static_cast<uint64_t>(Clamp(level, 1, rate));
 }
 
 uint64_t LevelFor(const BudgetState& s, uint32_t active,
-                  const BudgetSettings& settings) {
-  return LevelFor(s, active, settings, PaceOf(s, settings, active));
+                  const BudgetSettings& settings,
+                  double max_boost = kAnyBoost) {
+  return LevelFor(s, active, settings, PaceOf(s, settings, active), max_boost);
 }
 
 uint32_t ToBoost(double boost) {
@@ -330,7 +340,8 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
         next.under_ticks * static_cast<double>(dt_ns) >= under_for_ns;
     if (under) boost *= 2;
     // The max-min level is at most the rate over the connections that
-    // are held back (1 when all are).
+    // are held back (1 when all are: the level takes the boost as 1 at
+    // most then, below, and the boost keeps kPacedBoostCeiling's room).
     const double most = under_pace == 0 ? kPacedBoostCeiling
                         : under_pace < n
                             ? static_cast<double>(n) / (n - under_pace)
@@ -339,15 +350,8 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
                      ? kBoostUnbound
                      : ToBoost(Clamp(boost, pace.min_boost, under ? n : most));
   }
-  if (all_paced && next.boost > kBoostOne) {
-    // The equal share is the max-min level: the boost above 1 is only the
-    // integral's room (kPacedBoostCeiling), not a level.
-    BudgetState clipped = next;
-    clipped.boost = kBoostOne;
-    next.level_bytes_per_sec = LevelFor(clipped, n, settings, pace);
-  } else {
-    next.level_bytes_per_sec = LevelFor(next, n, settings, pace);
-  }
+  next.level_bytes_per_sec =
+      LevelFor(next, n, settings, pace, all_paced ? 1.0 : kAnyBoost);
   next.last_ns = input.now_ns;
   next.sent_bytes = input.sent_bytes;
   return next;
@@ -372,19 +376,15 @@ BudgetState BudgetMembershipChange(const BudgetState& state,
     next.boost = ToBoost(
         std::max(boost * new_active / old_active, std::min(boost, 1.0)));
   }
-  BudgetState for_level = next;
-  if (next.boost != kBoostUnbound && next.boost > kBoostOne && old_active > 0 &&
-      state.level_bytes_per_sec > 0) {
-    // A boost above 1 whose level was the equal share (every connection
-    // held back by its pacing: kPacedBoostCeiling's room) gives the equal
-    // share again.
-    BudgetState one = state;
-    one.boost = kBoostOne;
-    if (state.level_bytes_per_sec <= LevelFor(one, old_active, settings)) {
-      for_level.boost = kBoostOne;
-    }
-  }
-  next.level_bytes_per_sec = LevelFor(for_level, new_active, settings);
+  // A boost above 1 whose level was the equal share (every connection held
+  // back by its pacing: kPacedBoostCeiling's room) gives the equal share
+  // again.
+  const bool paced_room =
+      next.boost != kBoostUnbound && next.boost > kBoostOne && old_active > 0 &&
+      state.level_bytes_per_sec > 0 &&
+      state.level_bytes_per_sec <= LevelFor(state, old_active, settings, 1.0);
+  next.level_bytes_per_sec =
+      LevelFor(next, new_active, settings, paced_room ? 1.0 : kAnyBoost);
   return next;
 }
 

@@ -451,17 +451,16 @@ TEST(BudgetTest, PacketsInStepSecondsApartKeepTheEqualShare) {
     for (int i = 0; i < n; ++i) sim.Join();
     sim.Run(2);
     const double equal = 512000.0 / n;
+    constexpr int kSamples = 400;  // every 0.1 s over 40 s
     double level_sum = 0;
-    int samples = 0;
-    for (int i = 0; i < 400; ++i) {
+    for (int i = 0; i < kSamples; ++i) {
       sim.Run(0.1);
       level_sum += static_cast<double>(sim.applied());
-      ++samples;
     }
     // A window holds whole lumps: over 40 s one more or less is 6%.
     EXPECT_NEAR(sim.Ratio(2, 42), 1.0, 0.06) << "n=" << n;
-    EXPECT_GE(level_sum / samples, 0.97 * equal) << "n=" << n;
-    EXPECT_LE(level_sum / samples, 1.03 * equal) << "n=" << n;
+    EXPECT_GE(level_sum / kSamples, 0.97 * equal) << "n=" << n;
+    EXPECT_LE(level_sum / kSamples, 1.03 * equal) << "n=" << n;
   }
 }
 
