@@ -19,6 +19,16 @@ inline int64_t MonotonicNowNs() {
   return static_cast<int64_t>(ts.tv_sec) * kNsPerSec + ts.tv_nsec;
 }
 
+// The time of the kernel's last timer tick (CLOCK_MONOTONIC_COARSE, vDSO): at
+// most one tick (1-10 ms, CONFIG_HZ) behind MonotonicNowNs and never ahead of
+// it. For stamps taken on every send, where a tick is fine and the fine
+// clock is not cheap: 32 ns a call on these VMs, against 10.
+inline int64_t CoarseMonotonicNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * kNsPerSec + ts.tv_nsec;
+}
+
 // now - then, saturated at the int64_t range: `then` may come from the shared
 // zone, where any value can be.
 inline int64_t ElapsedNs(int64_t now, int64_t then) {

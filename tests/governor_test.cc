@@ -203,6 +203,9 @@ TEST_F(GovernorTest, IdleConnectionLeavesAndRejoinsOnItsNextSend) {
   const Conn c2 = Open();
   ASSERT_GE(c2.server, 0);
   gov_->BeforeSend(c1.server);
+  // Send stamps are a kernel tick's (CoarseMonotonicNowNs): c2's must come
+  // after c1's.
+  testing_util::WaitForCoarseTick(gov_->LastSendNs(c1.server));
   gov_->BeforeSend(c2.server);
   ASSERT_TRUE(PacingBecomes(c1.server, kRate / 2));
   // Only c1 has been idle for idle_ns at this instant (nothing queued).
@@ -418,8 +421,7 @@ TEST_F(GovernorTest, ConnectionSendingThroughADupIsNotExpired) {
   ASSERT_GE(dup_fd, 0);
   gov_->OnDup(c.server, dup_fd);
   // The clock must move on before the host writes through the dup only.
-  for (int i = 0; i < 1000000 && MonotonicNowNs() <= last_original; ++i) {
-  }
+  testing_util::WaitForCoarseTick(last_original);
   gov_->BeforeSend(dup_fd);
   const int64_t last_dup = gov_->LastSendNs(dup_fd);
   ASSERT_LT(last_original, last_dup);
