@@ -51,6 +51,13 @@ ARIA_RATE = "2m"
 ARIA_TARGET = 2 << 20
 ARIA_FILE = "aria.bin"
 ARIA_SIZE = 20 << 20  # 10 s at the rate; 16 segments of at least -k1M
+# aria2c fetches 20 pieces of 1 MiB over its 16 connections: after the first
+# 16 pieces, 12 connections wait, still counted active (taking a share) for
+# TRAFFICRATE_IDLE (default 200 ms) after their last write, while 4 fetch the
+# rest. One idle period of the rate is the tail the equal share costs here
+# (measured 10.05-10.25 s on an idle machine), so the expected time is
+# size / rate + IDLE, within the usual 5 %.
+ARIA_IDLE_S = 0.2
 ARIA_SOURCE = "127.0.6.2"
 ARIA_STAT_AT = 3.0  # s after aria2c started
 ARIA_TIMEOUT = 40.0
@@ -327,7 +334,7 @@ def test_node_cluster_workers_accept(span):
 
 def test_aria2c_16_connections(span):
     aria = span.aria
-    expected = ARIA_SIZE / ARIA_TARGET
+    expected = ARIA_SIZE / ARIA_TARGET + ARIA_IDLE_S
     report = "aria2c -x16 -s16 -k1M from %s, %s under the library at %s: " % (
         ARIA_SOURCE, span.aria_server.title if span.aria_server else "nginx",
         ARIA_RATE)
