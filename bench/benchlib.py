@@ -66,8 +66,13 @@ TOOL_TEXT = {
     "limit_conn": "nginx limit_conn_zone $binary_remote_addr; limit_conn addr %d;"
                   " limit_rate RATE; no library" % LIMIT_CONN,
     "trickle": "trickle -s -u RATE_KB nginx (sendfile on), no library",
+    "idle-thread": "nginx with a preload that only starts one idle thread, no library",
     "trickle-nosendfile": "trickle -s -u RATE_KB nginx with sendfile off, no library",
 }
+# The overhead scenario's floor: nginx with a preload that only starts one
+# idle thread (tests/bench/idle_thread_preload.cc), no library.
+IDLE_THREAD = "idle-thread"
+IDLE_THREAD_LIB = "idle_thread_preload.so"
 TRICKLE = "/usr/bin/trickle"
 TRICKLE_LIB = "trickle-overload.so"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -132,7 +137,14 @@ class Bench:
     def close(self):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def idle_thread_lib(self):
+        """The idle-thread preload beside the library, or None if not built."""
+        path = Path(self.library).parent / IDLE_THREAD_LIB
+        return str(path) if path.is_file() else None
+
     def env_for(self, mode, rate, zone, **variables):
+        if mode == IDLE_THREAD:
+            return {"LD_PRELOAD": self.idle_thread_lib()}
         if mode not in LIB_MODES:
             return {}
         return harness.preload_env(zone, rate, library=self.library,
@@ -176,6 +188,9 @@ class Bench:
                     raise RuntimeError("nginx worker %d (mode %s): libtrafficrate.so"
                                        " is%s mapped" % (pid, mode, "" if not lib
                                                          else " not"))
+            if mode == IDLE_THREAD and not all(
+                    _maps_library(pid, IDLE_THREAD_LIB) for pid in srv.worker_pids()):
+                raise RuntimeError("nginx (%s): %s is not mapped" % (mode, IDLE_THREAD_LIB))
             if mode.startswith("trickle"):
                 srv.trickle_mapped = {str(pid): _maps_library(pid, TRICKLE_LIB)
                                       for pid in srv.worker_pids()}
@@ -782,6 +797,23 @@ def thread_cpu(pid, tid=None):
         return None
     fields = stat[stat.rindex(b")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14, 15 of stat
+
+
+def process_cpu(pid):
+    """CPU time of all of a process's threads in seconds, from their
+    schedstat run times (ns); None if it is gone."""
+    total = 0
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid), "rb") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended in between
+    return total / 1e9
 
 
 def watcher_tids(pid, name="trafficrate"):
