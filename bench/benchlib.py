@@ -62,12 +62,12 @@ TOOLS = ("limit_rate", "limit_conn", "trickle", "trickle-nosendfile")
 TOOL_TEXT = {
     "equal": "trafficrate, TRAFFICRATE_SHARE=equal",
     "budget": "trafficrate, TRAFFICRATE_SHARE=budget",
-    "limit_rate": "nginx limit_rate RATE (per connection), no library",
+    "limit_rate": "nginx limit_rate {rate} (per connection), no library",
     "limit_conn": "nginx limit_conn_zone $binary_remote_addr; limit_conn addr %d;"
-                  " limit_rate RATE; no library" % LIMIT_CONN,
-    "trickle": "trickle -s -u RATE_KB nginx (sendfile on), no library",
+                  " limit_rate {rate}; no library" % LIMIT_CONN,
+    "trickle": "trickle -s -u {rate_kb} nginx (sendfile on), no library",
     "idle-thread": "nginx with a preload that only starts one idle thread, no library",
-    "trickle-nosendfile": "trickle -s -u RATE_KB nginx with sendfile off, no library",
+    "trickle-nosendfile": "trickle -s -u {rate_kb} nginx with sendfile off, no library",
 }
 # The overhead scenario's floor: nginx with a preload that only starts one
 # idle thread (tests/bench/idle_thread_preload.cc), no library.

@@ -416,8 +416,7 @@ def tool_entry(bench, tool, run, info, rate, n, target, name):
     """The figures of one tool (or share mode) in one accuracy case, from
     its Run (or the text of why it has none), with a verdict for trickle
     and the refusals of limit_conn; logs one line."""
-    text = TOOL_TEXT[tool].replace("RATE_KB", str(target // 1024)).replace(
-        "RATE", rate)
+    text = TOOL_TEXT[tool].format(rate=rate, rate_kb=target // 1024)
     entry = {"tool": text}
     if failed_run(bench, name, tool, run):
         entry.update(applicable=False, error=run,
