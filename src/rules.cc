@@ -80,7 +80,8 @@ bool ParsePortNumber(absl::string_view text, uint32_t* port) {
   return true;
 }
 
-// One item of TRAFFICRATE_PORTS; on error, returns the problem.
+}  // namespace
+
 std::string ParsePortItem(absl::string_view item, PortRange* range) {
   const size_t dash = item.find('-');
   uint32_t first = 0;
@@ -101,6 +102,8 @@ std::string ParsePortItem(absl::string_view item, PortRange* range) {
   range->last = static_cast<uint16_t>(last);
   return "";
 }
+
+namespace {
 
 // Sorts and merges overlapping or adjacent ranges.
 std::vector<PortRange> MergeRanges(std::vector<PortRange> ranges) {
@@ -148,7 +151,8 @@ bool ParseAddress(absl::string_view text, Cidr* cidr) {
   return false;
 }
 
-// One item of TRAFFICRATE_EXEMPT; on error, returns the problem.
+}  // namespace
+
 std::string ParseCidrItem(absl::string_view item, Cidr* cidr) {
   const size_t slash = item.find('/');
   if (!ParseAddress(item.substr(0, slash), cidr)) {
@@ -167,8 +171,6 @@ std::string ParseCidrItem(absl::string_view item, Cidr* cidr) {
                                                  : cidr->prefix);
   return "";
 }
-
-}  // namespace
 
 bool operator==(const Cidr& a, const Cidr& b) {
   return a.family == b.family && a.prefix == b.prefix &&

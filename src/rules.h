@@ -76,6 +76,14 @@ ABSL_MUST_USE_RESULT absl::StatusOr<std::vector<PortRange>> ParsePorts(
 ABSL_MUST_USE_RESULT absl::StatusOr<std::vector<Cidr>> ParseExempt(
     absl::string_view value);
 
+// One item of those lists on its own, for the rules file (rules_file.h):
+// "8000-8099" or "80"; "10.0.0.0/8" or "::1". On error, returns the problem
+// in words that quote the item ("\"x\" is not a port or port range") and
+// leaves *out unspecified; returns "" on success. Thread-safe; allocates.
+// REQUIRES: out != nullptr.
+std::string ParsePortItem(absl::string_view item, PortRange* out);
+std::string ParseCidrItem(absl::string_view item, Cidr* out);
+
 // "10.0.0.0/8", "127.0.0.3", "2001:db8::/32", "::1": the prefix is shown only
 // when shorter than the full length, and the text parses back to `cidr`.
 // Thread-safe; allocates.

@@ -1,5 +1,6 @@
 // libFuzzer target: every parser of a TRAFFICRATE_* value (config.h,
-// units.h, rules.h, key.h), and ParseConfig on a whole environment. The
+// units.h, rules.h, key.h), ParseConfig on a whole environment, and a
+// whole rules file (rules_file.h). The
 // first input byte picks the parser, the rest is the value. Checked: no
 // crash or undefined behaviour; an error is InvalidArgument, one non-empty
 // line, starting with the variable's name; a value that parses lies in the
@@ -28,6 +29,7 @@
 #include "src/config.h"
 #include "src/key.h"
 #include "src/rules.h"
+#include "src/rules_file.h"
 #include "src/units.h"
 #include "src/zone.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -54,6 +56,7 @@ enum Parser : uint8_t {
   kDuration,
   kConfig,
   kConnKey,
+  kRulesFile,
   kParserCount,
 };
 
@@ -291,6 +294,46 @@ void CheckConnKey(absl::string_view value) {
   TRAFFICRATE_FUZZ_CHECK(!FormatConnKey(raw, spec).empty());
 }
 
+// A whole rules file (rules_file.h): an error is one line at
+// "f.rules:LINE:COLUMN: "; a file that parses has 1..kMaxRules rules, each
+// with a rate, and every listen entry formats to text that parses back to
+// it; matching and the shadow check run on what parsed.
+void CheckRulesFile(absl::string_view value) {
+  const absl::StatusOr<RulesFile> file = ParseRulesText("f.rules", value);
+  if (!file.ok()) {
+    const absl::string_view message = file.status().message();
+    TRAFFICRATE_FUZZ_CHECK(file.status().code() ==
+                           absl::StatusCode::kInvalidArgument);
+    TRAFFICRATE_FUZZ_CHECK(absl::StartsWith(message, "f.rules:"));
+    TRAFFICRATE_FUZZ_CHECK(!absl::StrContains(message, '\n'));
+    TRAFFICRATE_FUZZ_CHECK(!absl::StrContains(message, '\0'));
+    TRAFFICRATE_FUZZ_CHECK(message.size() < 2048);
+    return;
+  }
+  TRAFFICRATE_FUZZ_CHECK(!file->rules.empty() &&
+                         file->rules.size() <= size_t{kMaxRules});
+  for (const Rule& rule : file->rules) {
+    TRAFFICRATE_FUZZ_CHECK(rule.unlimited || rule.rate_bytes_per_sec > 0);
+    TRAFFICRATE_FUZZ_CHECK(rule.listen.size() <= size_t{kMaxListenEntries});
+    for (const ListenEntry& entry : rule.listen) {
+      const std::string text = FormatListenEntry(entry);
+      const absl::StatusOr<RulesFile> again = ParseRulesText(
+          "f.rules", absl::StrCat("[r]\nrate = 1\nlisten = ", text, "\n"));
+      TRAFFICRATE_FUZZ_CHECK(again.ok() && again->rules[0].listen.size() == 1 &&
+                             again->rules[0].listen[0] == entry);
+    }
+  }
+  uint8_t local[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+  uint8_t peer[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
+  for (const uint16_t port : {1, 80, 443, 8080, 65535}) {
+    const int rule = FirstMatchingRule(*file, local, port, peer);
+    TRAFFICRATE_FUZZ_CHECK(rule >= -1 &&
+                           rule < static_cast<int>(file->rules.size()));
+  }
+  TRAFFICRATE_FUZZ_CHECK(ShadowedRules(*file).size() < file->rules.size());
+  TRAFFICRATE_FUZZ_CHECK(!FormatRules(*file).empty());
+}
+
 int FuzzOne(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const absl::string_view value(reinterpret_cast<const char*>(data) + 1,
@@ -369,6 +412,9 @@ int FuzzOne(const uint8_t* data, size_t size) {
       break;
     case kConnKey:
       CheckConnKey(value);
+      break;
+    case kRulesFile:
+      CheckRulesFile(value);
       break;
     default:
       break;
