@@ -57,6 +57,13 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   snap.procs_reaped = h.procs_reaped.load();
   snap.conns_reaped = h.conns_reaped.load();
   snap.taken_ns = MonotonicNowNs();
+  for (uint32_t rule = 0; rule < kZoneRules; ++rule) {
+    const uint64_t rate = zone.RuleRate(rule);
+    if (rule > 0 && rate == 0) continue;
+    snap.rules.push_back(RuleSnapshot{rule, zone.RuleName(rule), rate,
+                                      zone.RuleBurst(rule),
+                                      zone.RuleKeySpec(rule)});
+  }
   std::vector<uint32_t> key_row(snap.key_capacity, kNoSlot);
   for (uint32_t i = 0; i < snap.key_capacity; ++i) {
     const KeySlotShm& k = zone.key(i);
@@ -67,24 +74,26 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     for (size_t b = 0; b < kKeyBytes; ++b) {
       bytes[b] = __atomic_load_n(&k.key[b], __ATOMIC_RELAXED);
     }
-    row.key = FormatConnKey(KeyOf(bytes), snap.key_spec);
+    row.rule_index = Zone::RuleOfKeyBytes(bytes);
+    row.rule = zone.RuleName(row.rule_index);
+    row.rate_bytes_per_sec = zone.RuleRate(row.rule_index);
+    const uint64_t rate = row.rate_bytes_per_sec;
+    row.key = FormatConnKey(KeyOf(bytes), zone.RuleKeySpec(row.rule_index));
     row.active = k.active.load();
     row.connections = k.refs.load();
-    row.share_bytes_per_sec =
-        ShareBytesPerSec(snap.rate_bytes_per_sec, row.active);
+    row.share_bytes_per_sec = ShareBytesPerSec(rate, row.active);
     if (snap.share_mode == ShareMode::kBudget) {
       const BudgetState budget = LoadBudget(k);
       row.measured_bytes_per_sec = budget.measured_bytes_per_sec;
-      row.level_bytes_per_sec =
-          std::min(budget.level_bytes_per_sec, snap.rate_bytes_per_sec);
+      row.level_bytes_per_sec = std::min(budget.level_bytes_per_sec, rate);
       row.debt_bytes = BudgetDebtBytes(budget);
       row.boost = budget.boost == kBoostUnbound
                       ? -1
                       : static_cast<double>(budget.boost) / kBoostOne;
       row.packet_bytes = budget.packet_bytes;
       row.under_pace = UnderPaceOf(k);
-      row.share_bytes_per_sec = LevelInForce(
-          budget.level_bytes_per_sec, snap.rate_bytes_per_sec, row.active);
+      row.share_bytes_per_sec =
+          LevelInForce(budget.level_bytes_per_sec, rate, row.active);
     }
     row.bytes_sent = k.bytes_closed.load();
     row.connections_served = k.connections_served.load();

@@ -25,9 +25,12 @@ namespace trafficrate {
 class Zone;
 
 struct KeySnapshot {
-  std::string key;           // FormatConnKey under the zone's key spec
-  uint32_t active = 0;       // sending connections
-  uint32_t connections = 0;  // registered connections (sending or idle)
+  std::string key;   // FormatConnKey under its rule's key spec
+  std::string rule;  // its rule's name (Zone::RuleName)
+  uint32_t rule_index = 0;
+  uint64_t rate_bytes_per_sec = 0;  // its rule's live rate
+  uint32_t active = 0;              // sending connections
+  uint32_t connections = 0;         // registered connections (sending or idle)
   // What each sending connection may send: max(1, rate / active) in equal
   // mode, the level in budget mode.
   uint64_t share_bytes_per_sec = 0;
@@ -76,6 +79,15 @@ struct ProcSnapshot {
   double watcher_stretch = 0;
 };
 
+// A rule in use (rule 0 always, others while their rate is set).
+struct RuleSnapshot {
+  uint32_t index = 0;
+  std::string name;
+  uint64_t rate_bytes_per_sec = 0;
+  uint64_t burst_bytes = 0;  // in force (budget mode)
+  KeySpec key_spec;
+};
+
 struct ZoneSnapshot {
   std::string name;
   uint64_t size_bytes = 0;
@@ -91,7 +103,8 @@ struct ZoneSnapshot {
   uint64_t lock_timeouts = 0;  // zone locks given up, callers passed through
   uint64_t procs_reaped = 0;
   uint64_t conns_reaped = 0;
-  int64_t taken_ns = 0;  // CLOCK_MONOTONIC when taken
+  int64_t taken_ns = 0;             // CLOCK_MONOTONIC when taken
+  std::vector<RuleSnapshot> rules;  // by index
   std::vector<KeySnapshot> keys;
   std::vector<ConnSnapshot> connections;
   std::vector<ProcSnapshot> processes;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "src/budget.h"
@@ -972,19 +973,102 @@ void Zone::RepairLocked() {
   header_->lock_repairs.fetch_add(1, std::memory_order_relaxed);
 }
 
-BudgetSettings Zone::budget_settings() const {
+BudgetSettings Zone::budget_settings(uint32_t rule) const {
   // Within what TRAFFICRATE_RATE and TRAFFICRATE_BURST accept: whatever the
-  // header holds, the controller's arithmetic stays defined.
-  return BudgetSettings{std::clamp<uint64_t>(header_->rate_bytes_per_sec.load(
-                                                 std::memory_order_relaxed),
-                                             1, kMaxRateBytesPerSec),
-                        std::min<uint64_t>(burst_bytes(), kMaxBurstBytes)};
+  // zone holds, the controller's arithmetic stays defined.
+  return BudgetSettings{
+      std::clamp<uint64_t>(RuleRate(rule), 1, kMaxRateBytesPerSec),
+      std::min<uint64_t>(RuleBurst(rule), kMaxBurstBytes)};
+}
+
+uint32_t Zone::RuleOfKeyBytes(const uint8_t* key_bytes) {
+  return __atomic_load_n(&key_bytes[kKeyRuleByte], __ATOMIC_RELAXED);
+}
+
+uint32_t Zone::RuleOf(const KeySlotShm& key) const {
+  return RuleOfKeyBytes(key.key);
+}
+
+uint64_t Zone::RuleRate(uint32_t rule) const {
+  if (rule == 0) {
+    return header_->rate_bytes_per_sec.load(std::memory_order_relaxed);
+  }
+  if (rule >= kZoneRules) return 0;
+  return header_->rules[rule].rate_bytes_per_sec.load(
+      std::memory_order_relaxed);
+}
+
+uint64_t Zone::RuleBurst(uint32_t rule) const {
+  const uint64_t burst =
+      rule == 0 ? header_->burst_bytes.load(std::memory_order_relaxed)
+      : rule < kZoneRules
+          ? header_->rules[rule].burst_bytes.load(std::memory_order_relaxed)
+          : 0;
+  return burst != 0 ? burst : DefaultBurstBytes(RuleRate(rule));
+}
+
+KeySpec Zone::RuleKeySpec(uint32_t rule) const {
+  if (rule == 0 || rule >= kZoneRules) return key_spec();
+  return UnpackKeySpec(
+      header_->rules[rule].key_spec.load(std::memory_order_relaxed));
+}
+
+std::string Zone::RuleName(uint32_t rule) const {
+  std::string name;
+  if (rule < kZoneRules) {
+    for (size_t i = 0; i + 1 < kRuleNameBytes; ++i) {
+      const char c = static_cast<char>(
+          __atomic_load_n(&header_->rules[rule].name[i], __ATOMIC_RELAXED));
+      if (c == 0) break;
+      // What a rules file allows in a name; anything else is a stray write.
+      const bool ok = absl::ascii_isalnum(static_cast<uint8_t>(c)) ||
+                      c == '_' || c == '.' || c == '-';
+      name.push_back(ok ? c : '?');
+    }
+  }
+  if (!name.empty()) return name;
+  return rule == 0 ? "default" : absl::StrCat("rule ", rule);
+}
+
+uint32_t Zone::FindRule(absl::string_view name) const {
+  for (uint32_t rule = 0; rule < kZoneRules; ++rule) {
+    if (rule > 0 && RuleRate(rule) == 0) continue;
+    if (RuleName(rule) == name) return rule;
+  }
+  return kNoSlot;
+}
+
+void Zone::SetRule(uint32_t rule, absl::string_view name,
+                   uint64_t rate_bytes_per_sec, uint64_t burst_bytes,
+                   const KeySpec& key_spec) {
+  if (rule >= kZoneRules) return;
+  RuleSlotShm& slot = header_->rules[rule];
+  uint8_t bytes[kRuleNameBytes] = {};
+  std::memcpy(bytes, name.data(), std::min(name.size(), kRuleNameBytes - 1));
+  StoreBytes(slot.name, bytes, sizeof(bytes));
+  if (rule != 0) {
+    slot.key_spec.store(PackKeySpec(key_spec), std::memory_order_relaxed);
+    slot.burst_bytes.store(burst_bytes, std::memory_order_relaxed);
+    slot.rate_bytes_per_sec.store(rate_bytes_per_sec,
+                                  std::memory_order_relaxed);
+  }
+  header_->settings_generation.fetch_add(1, std::memory_order_release);
+  WakeWatchers();
+}
+
+void Zone::SetRuleRate(uint32_t rule, uint64_t rate_bytes_per_sec) {
+  if (rule == 0) return SetRate(rate_bytes_per_sec);
+  if (rule >= kZoneRules) return;
+  header_->rules[rule].rate_bytes_per_sec.store(rate_bytes_per_sec,
+                                                std::memory_order_relaxed);
+  header_->settings_generation.fetch_add(1, std::memory_order_release);
+  WakeWatchers();
 }
 
 void Zone::AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after) {
   if (share_mode() != ShareMode::kBudget) return;
-  const BudgetState next =
-      BudgetMembershipChange(LoadBudget(key), budget_settings(), before, after);
+  const BudgetState next = BudgetMembershipChange(
+      LoadBudget(key), budget_settings(RuleOf(key)), before, after);
   key.boost.store(next.boost, std::memory_order_relaxed);
   key.level_bytes_per_sec.store(next.level_bytes_per_sec,
                                 std::memory_order_relaxed);
@@ -1007,13 +1091,6 @@ ShareMode Zone::share_mode() const {
                  static_cast<uint32_t>(ShareMode::kBudget)
              ? ShareMode::kBudget
              : ShareMode::kEqual;
-}
-
-uint64_t Zone::burst_bytes() const {
-  const uint64_t burst = header_->burst_bytes.load(std::memory_order_relaxed);
-  return burst != 0 ? burst
-                    : DefaultBurstBytes(header_->rate_bytes_per_sec.load(
-                          std::memory_order_relaxed));
 }
 
 void Zone::SetRate(uint64_t rate_bytes_per_sec) {

@@ -214,9 +214,35 @@ class Zone {
   void SetShare(ShareMode mode, uint64_t burst_bytes);
   ShareMode share_mode() const;
   // The burst in force: the setting, or DefaultBurstBytes of the live rate.
-  uint64_t burst_bytes() const;
-  // The live rate and burst, for the budget controller.
-  BudgetSettings budget_settings() const;
+  uint64_t burst_bytes() const { return RuleBurst(0); }
+  // The live rate and burst of a rule, for the budget controller.
+  BudgetSettings budget_settings(uint32_t rule = 0) const;
+
+  // Rules (RuleSlotShm): a key's rule is its byte kKeyRuleByte. Rule 0 is
+  // the header's rate, key spec and burst. Lock-free; any index is safe (one
+  // out of range reads as an unused rule).
+  static uint32_t RuleOfKeyBytes(const uint8_t* key_bytes);
+  uint32_t RuleOf(const KeySlotShm& key) const;
+  // The live rate (0: the rule is unused), its burst in force and the key
+  // spec its keys are built with.
+  uint64_t RuleRate(uint32_t rule) const;
+  uint64_t RuleBurst(uint32_t rule) const;
+  KeySpec RuleKeySpec(uint32_t rule) const;
+  // Its name, printable ASCII ("default" for an unnamed rule 0, "rule N"
+  // for an unnamed other one). Allocates; not for the hot path.
+  std::string RuleName(uint32_t rule) const;
+  // The rule of that name, or kNoSlot. An empty name is rule 0's when it
+  // has none. Not for the hot path.
+  uint32_t FindRule(absl::string_view name) const;
+  // Writes rule `rule` (1..kZoneRules-1; rule 0 takes only the name, its
+  // settings are SetRate and SetShare's): name (cut to kRuleNameBytes - 1),
+  // live rate, burst (0: the default for the rate) and key spec; bumps the
+  // settings generation and wakes the watchers, like SetRate.
+  void SetRule(uint32_t rule, absl::string_view name,
+               uint64_t rate_bytes_per_sec, uint64_t burst_bytes,
+               const KeySpec& key_spec);
+  // One rule's live rate (rule 0: SetRate).
+  void SetRuleRate(uint32_t rule, uint64_t rate_bytes_per_sec);
 
   // Corruption, checked at attach and by every watcher once a second: false
   // once the header's checksum no longer matches (or any process found so

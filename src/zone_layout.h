@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 7;
+inline constexpr uint32_t kZoneLayoutVersion = 8;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -111,6 +111,26 @@ struct HandoffSlotShm {
 };
 inline constexpr uint32_t kHandoffSlots = 32;
 
+// One rule of the zone (rules_file.h): its name and live settings. A key's
+// rule is byte kKeyRuleByte of its key bytes. Rule 0's rate, key and burst
+// are the header's own fields (rate_bytes_per_sec, key_spec, burst_bytes):
+// the one rule of a server configured by TRAFFICRATE_RATE, or the first
+// rule of a rules file. Rules 1.. have their settings here; a slot whose
+// rate is 0 is unused. Written by the last server started and by `trafficrate
+// set --rule`, without the zone lock (each field is an atomic, the name one
+// relaxed byte at a time); read by anyone.
+inline constexpr uint32_t kZoneRules = 16;
+inline constexpr size_t kRuleNameBytes = 32;
+inline constexpr size_t kKeyRuleByte = 18;
+struct RuleSlotShm {
+  uint8_t name[kRuleNameBytes];  // NUL-padded; empty for rule 0: "default"
+  std::atomic<uint64_t> rate_bytes_per_sec;  // rules 1..; 0: unused
+  std::atomic<uint64_t> burst_bytes;         // rules 1..; 0: the default
+  std::atomic<uint32_t> key_spec;            // rules 1..; PackKeySpec
+  uint32_t reserved0;
+  uint64_t reserved1;
+};
+
 enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
 
 struct ProcSlotShm {
@@ -179,6 +199,7 @@ struct ZoneHeaderShm {
   uint8_t reserved1[68];
   // Sockets passed between processes and not yet received.
   HandoffSlotShm handoffs[kHandoffSlots];
+  RuleSlotShm rules[kZoneRules];
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -192,8 +213,10 @@ static_assert(std::is_standard_layout_v<ProcSlotShm> &&
               sizeof(ProcSlotShm) == 64);
 static_assert(std::is_standard_layout_v<HandoffSlotShm> &&
               sizeof(HandoffSlotShm) == 32);
+static_assert(std::is_standard_layout_v<RuleSlotShm> &&
+              sizeof(RuleSlotShm) == 64);
 static_assert(std::is_standard_layout_v<ZoneHeaderShm> &&
-              sizeof(ZoneHeaderShm) == 1344);
+              sizeof(ZoneHeaderShm) == 2368);
 
 }  // namespace trafficrate
 

@@ -68,8 +68,10 @@ ZoneSnapshot SampleSnapshot() {
   s.procs_reaped = 1;
   s.conns_reaped = 3;
   s.taken_ns = 100 * kNsPerSec;
+  s.rules = {{0, "default", 512000, 25600, KeySpec()}};
   KeySnapshot a;
   a.key = "127.0.0.2";
+  a.rule = "default";
   a.active = 4;
   a.connections = 4;
   a.share_bytes_per_sec = 128000;
@@ -78,6 +80,7 @@ ZoneSnapshot SampleSnapshot() {
   a.last_active_ns = 99 * kNsPerSec;
   KeySnapshot b;
   b.key = "127.0.0.3";
+  b.rule = "default";
   b.active = 0;
   b.connections = 1;
   b.share_bytes_per_sec = 512000;
@@ -128,6 +131,33 @@ TEST(FormatStatTableTest, HumanFiguresAndTotals) {
   EXPECT_LT(out.find("127.0.0.2"), out.find("127.0.0.3"));
 }
 
+TEST(FormatStatTableTest, OneRuleWithoutAFileShowsNoRuleColumn) {
+  const std::string out = FormatStatTable(SampleSnapshot(), {});
+  EXPECT_THAT(out, Not(HasSubstr("RULE")));
+  EXPECT_THAT(out, Not(HasSubstr("rule default")));
+}
+
+TEST(FormatStatTableTest, RulesFromAFileGetTheirLinesAndAColumn) {
+  ZoneSnapshot s = SampleSnapshot();
+  KeySpec per24;
+  per24.v4_prefix = 24;
+  s.rules = {{0, "downloads", 512000, 25600, KeySpec()},
+             {1, "api", 1 << 20, 0, per24}};
+  s.keys[0].rule = "api";
+  s.keys[1].rule = "downloads";
+  const std::string out = FormatStatTable(s, {});
+  EXPECT_THAT(out, HasSubstr("rule downloads: 500 KiB/s per client (key "
+                             "peer)\n"));
+  EXPECT_THAT(out, HasSubstr("rule api: 1 MiB/s per client (key peer/24"));
+  EXPECT_THAT(out, HasSubstr("RULE            CLIENT"));
+  EXPECT_THAT(out, HasSubstr("\ndownloads       127.0.0.2"));
+  EXPECT_THAT(out, HasSubstr("\napi             127.0.0.3"));
+  const std::string json = FormatStatJson(s, {});
+  EXPECT_THAT(json, HasSubstr("\"rules\": [\n  {\"name\": \"downloads\", "
+                              "\"rate\": 512000, \"burst\": 25600, "
+                              "\"key\": \"peer\"},\n  {\"name\": \"api\""));
+}
+
 TEST(FormatStatTableTest, TopSaysHowManyMore) {
   const std::string out =
       FormatStatTable(SampleSnapshot(), {1, SortBy::kActive});
@@ -143,7 +173,8 @@ TEST(FormatStatJsonTest, ExactFigures) {
   EXPECT_THAT(out, HasSubstr("\"used\": {\"keys\": 2, \"connections\": 1, "
                              "\"active\": 1, \"processes\": 1}"));
   EXPECT_THAT(
-      out, HasSubstr("{\"key\": \"127.0.0.2\", \"active\": 4, "
+      out, HasSubstr("{\"key\": \"127.0.0.2\", \"rule\": \"default\", "
+                     "\"active\": 4, "
                      "\"connections\": 4, \"share\": 128000, "
                      "\"measured\": 0, \"level\": 0, \"debt\": 0, "
                      "\"boost\": null, \"packet_bytes\": 0, \"under_pace\": 0, "
@@ -212,7 +243,9 @@ TEST(FormatStatPrometheusTest, EveryLineIsACommentOrASample) {
   EXPECT_THAT(out, HasSubstr("# TYPE trafficrate_key_sent_bytes_total "
                              "counter\n"));
   EXPECT_THAT(out, HasSubstr("trafficrate_key_active_connections{zone=\"web\","
-                             "key=\"127.0.0.2\"} 4\n"));
+                             "key=\"127.0.0.2\",rule=\"default\"} 4\n"));
+  EXPECT_THAT(out, HasSubstr("trafficrate_rule_rate_bytes_per_second{zone="
+                             "\"web\",rule=\"default\"} 512000\n"));
   EXPECT_THAT(out, HasSubstr("trafficrate_processes{zone=\"web\"} 1\n"));
   for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
     const bool comment = absl::StartsWith(line, "# HELP trafficrate_") ||

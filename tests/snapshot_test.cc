@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "src/budget.h"
+#include "src/zone.h"
+#include "src/zone_layout.h"
 #include "tests/test_util.h"
 
 namespace trafficrate {
@@ -55,6 +58,67 @@ TEST_F(SnapshotTest, CountsKeysConnectionsAndProcesses) {
   EXPECT_EQ(key1->share_bytes_per_sec, testing_util::kRate / 2);
   EXPECT_EQ(key1->bytes_sent, 1000u);
   EXPECT_EQ(snap->connections[0].peer, "127.0.0.1:4242");
+  {
+    ZoneLock lock(*zone);
+    pthread_mutex_unlock(&zone->proc(proc).liveness);
+  }
+}
+
+// Rules (zone_layout.h, RuleSlotShm): a key's byte 18 names its rule, whose
+// rate, burst and key spec are its own; rule 0's are the header's.
+TEST_F(SnapshotTest, EachKeyTakesItsRulesRateAndName) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  KeySpec per24;
+  per24.v4_prefix = 24;
+  zone->SetRule(0, "downloads", 0, 0, KeySpec());
+  zone->SetRule(2, "api", 4000, 64 << 10, per24);
+  EXPECT_EQ(zone->RuleName(0), "downloads");
+  EXPECT_EQ(zone->RuleName(2), "api");
+  EXPECT_EQ(zone->RuleName(1), "rule 1");
+  EXPECT_EQ(zone->RuleRate(0), testing_util::kRate);
+  EXPECT_EQ(zone->RuleRate(2), 4000u);
+  EXPECT_EQ(zone->RuleRate(1), 0u);
+  EXPECT_EQ(zone->RuleRate(kZoneRules), 0u);
+  EXPECT_EQ(zone->RuleBurst(2), 64u << 10);
+  EXPECT_EQ(zone->RuleBurst(0), DefaultBurstBytes(testing_util::kRate));
+  EXPECT_EQ(zone->RuleKeySpec(2).v4_prefix, 24);
+  EXPECT_EQ(zone->budget_settings(2).rate_bytes_per_sec, 4000u);
+  EXPECT_EQ(zone->FindRule("api"), 2u);
+  EXPECT_EQ(zone->FindRule("downloads"), 0u);
+  EXPECT_EQ(zone->FindRule("rule 1"), kNoSlot);  // unused
+  EXPECT_EQ(zone->FindRule("nope"), kNoSlot);
+  const uint32_t proc = ClaimProc(*zone);
+  uint32_t a = kNoSlot;
+  uint32_t b = kNoSlot;
+  {
+    ZoneLock lock(*zone);
+    // The same client under two rules: two keys, two budgets.
+    TestKey key = MakeKey(1);
+    const uint32_t k0 = zone->FindOrInsertKeyLocked(key.bytes, 1);
+    key.bytes[kKeyRuleByte] = 2;
+    const uint32_t k2 = zone->FindOrInsertKeyLocked(key.bytes, 1);
+    ASSERT_NE(k0, k2);
+    a = zone->RegisterConnLocked(k0, proc, 7, kPeer, 4242);
+    b = zone->RegisterConnLocked(k2, proc, 8, kPeer, 4243);
+    zone->JoinLocked(a);
+    zone->JoinLocked(b);
+  }
+  zone->SetRuleRate(2, 6000);
+  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->rules.size(), 2u);
+  EXPECT_EQ(snap->rules[1].name, "api");
+  EXPECT_EQ(snap->rules[1].rate_bytes_per_sec, 6000u);
+  ASSERT_EQ(snap->keys.size(), 2u);
+  for (const KeySnapshot& k : snap->keys) {
+    EXPECT_EQ(k.rule, k.rule_index == 2 ? "api" : "downloads");
+    EXPECT_EQ(k.share_bytes_per_sec,
+              k.rule_index == 2 ? 6000u : testing_util::kRate);
+  }
+  // A stray write into a name shows as '?', never as raw bytes.
+  zone->header().rules[2].name[0] = '\n';
+  EXPECT_EQ(zone->RuleName(2), "?pi");
   {
     ZoneLock lock(*zone);
     pthread_mutex_unlock(&zone->proc(proc).liveness);

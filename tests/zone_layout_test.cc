@@ -15,7 +15,10 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 7u);
+  EXPECT_EQ(kZoneLayoutVersion, 8u);
+  EXPECT_EQ(kZoneRules, 16u);
+  EXPECT_EQ(kRuleNameBytes, 32u);
+  EXPECT_EQ(kKeyRuleByte, 18u);
   EXPECT_EQ(kZoneMagic, 0x6574617263667274ULL);
   EXPECT_EQ(kNoSlot, 0xFFFFFFFFu);
   EXPECT_EQ(kKeyBytes, 20u);
@@ -25,7 +28,7 @@ TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
 }
 
 TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ZoneHeaderShm), 1344u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm), 2368u);
   EXPECT_EQ(alignof(ZoneHeaderShm), 8u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, magic), 0u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, layout_version), 8u);
@@ -69,6 +72,17 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, handoffs), 320u);
   EXPECT_EQ(sizeof(ZoneHeaderShm::handoffs), 32u * kHandoffSlots);
   EXPECT_EQ(kHandoffSlots, 32u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, rules), 1344u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::rules), 64u * kZoneRules);
+}
+
+TEST(ZoneLayoutTest, RuleSlotShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(RuleSlotShm), 64u);
+  EXPECT_EQ(offsetof(RuleSlotShm, name), 0u);
+  EXPECT_EQ(offsetof(RuleSlotShm, rate_bytes_per_sec), 32u);
+  EXPECT_EQ(offsetof(RuleSlotShm, burst_bytes), 40u);
+  EXPECT_EQ(offsetof(RuleSlotShm, key_spec), 48u);
+  EXPECT_EQ(offsetof(RuleSlotShm, reserved1), 56u);
 }
 
 TEST(ZoneLayoutTest, HandoffSlotShmFieldsArePinned) {
@@ -213,6 +227,12 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_timeouts);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, corrupt);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules);
+  fp.Add(sizeof(RuleSlotShm));
+  TRAFFICRATE_ADD_FIELD(fp, RuleSlotShm, name);
+  TRAFFICRATE_ADD_FIELD(fp, RuleSlotShm, rate_bytes_per_sec);
+  TRAFFICRATE_ADD_FIELD(fp, RuleSlotShm, burst_bytes);
+  TRAFFICRATE_ADD_FIELD(fp, RuleSlotShm, key_spec);
   fp.Add(sizeof(HandoffSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, inode);
   TRAFFICRATE_ADD_FIELD(fp, HandoffSlotShm, conn);
@@ -282,6 +302,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {5, 0x7864305c3c913aceULL},  // process watcher_cpu, watcher_stretch
       {6, 0xa8eba82a77627faaULL},  // header checksum, lock_timeouts, corrupt
       {7, 0xcb5af2b0618510c5ULL},  // header handoffs (passed sockets)
+      {8, 0x7d1d3709d6d7b292ULL},  // header rules (rules file)
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -366,19 +387,19 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 3966u);
-  EXPECT_EQ(g.conn_capacity, 3966u);
-  EXPECT_EQ(g.proc_capacity, 991u);
+  EXPECT_EQ(g.key_capacity, 3962u);
+  EXPECT_EQ(g.conn_capacity, 3962u);
+  EXPECT_EQ(g.proc_capacity, 990u);
   EXPECT_EQ(g.bucket_count, 4096u);
-  EXPECT_EQ(g.buckets_offset, 1344u);
-  EXPECT_EQ(g.keys_offset, 17728u);
+  EXPECT_EQ(g.buckets_offset, 2368u);
+  EXPECT_EQ(g.keys_offset, 18752u);
 }
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 243u);
-  EXPECT_EQ(g.conn_capacity, 243u);
-  EXPECT_EQ(g.proc_capacity, 60u);
+  EXPECT_EQ(g.key_capacity, 239u);
+  EXPECT_EQ(g.conn_capacity, 239u);
+  EXPECT_EQ(g.proc_capacity, 59u);
   EXPECT_EQ(g.bucket_count, 256u);
 }
 

@@ -107,6 +107,17 @@ std::vector<KeySnapshot> SelectKeys(const ZoneSnapshot& snap,
   return keys;
 }
 
+namespace {
+
+// Whether the zone's rules came from a rules file: more than one, or rule 0
+// named.
+bool HasRules(const ZoneSnapshot& s) {
+  return s.rules.size() > 1 ||
+         (s.rules.size() == 1 && s.rules[0].name != "default");
+}
+
+}  // namespace
+
 double IdleSeconds(const KeySnapshot& key, int64_t now_ns) {
   if (key.active > 0 || key.last_active_ns <= 0) return 0;
   const int64_t ns = now_ns - key.last_active_ns;
@@ -146,18 +157,28 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
                               stretch)
             : std::string());
   }
+  // A rules file: its rules, and a column naming each key's.
+  const bool rules = HasRules(s);
+  for (const RuleSnapshot& r : rules ? s.rules : std::vector<RuleSnapshot>()) {
+    absl::StrAppendFormat(&out, "rule %s: %s per client (key %s)\n", r.name,
+                          HumanRate(r.rate_bytes_per_sec),
+                          DescribeKeySpec(r.key_spec));
+  }
   const std::vector<KeySnapshot> keys = SelectKeys(s, options);
   if (keys.empty()) return out + "\nno clients\n";
-  absl::StrAppendFormat(&out,
-                        "\n%-39s %6s %6s %12s %12s %12s %10s %10s %7s  %s\n",
-                        "CLIENT", "ACTIVE", "CONNS", "SHARE/CONN", "MEASURED",
-                        "LEVEL", "DEBT", "SENT", "SERVED", "LAST ACTIVE");
+  const int rule_width = rules ? 16 : 0;
+  absl::StrAppendFormat(
+      &out, "\n%-*s%-39s %6s %6s %12s %12s %12s %10s %10s %7s  %s\n",
+      rule_width, rules ? "RULE" : "", "CLIENT", "ACTIVE", "CONNS",
+      "SHARE/CONN", "MEASURED", "LEVEL", "DEBT", "SENT", "SERVED",
+      "LAST ACTIVE");
   const bool budget = s.share_mode == ShareMode::kBudget;
   for (const KeySnapshot& k : keys) {
     const double idle = IdleSeconds(k, s.taken_ns);
     absl::StrAppendFormat(
-        &out, "%-39s %6u %6u %12s %12s %12s %10s %10s %7u  %s\n", k.key,
-        k.active, k.connections, HumanRate(k.share_bytes_per_sec),
+        &out, "%-*s%-39s %6u %6u %12s %12s %12s %10s %10s %7u  %s\n",
+        rule_width, rules ? absl::StrCat(k.rule, " ") : "", k.key, k.active,
+        k.connections, HumanRate(k.share_bytes_per_sec),
         budget ? HumanRate(k.measured_bytes_per_sec) : "-",
         budget && k.level_bytes_per_sec > 0 ? HumanRate(k.level_bytes_per_sec)
                                             : "-",
@@ -195,15 +216,28 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
   for (const KeySnapshot& k : SelectKeys(s, options)) {
     absl::StrAppendFormat(
         &out,
-        "%s\n  {\"key\": %s, \"active\": %u, \"connections\": %u, "
+        "%s\n  {\"key\": %s, \"rule\": %s, \"active\": %u, "
+        "\"connections\": %u, "
         "\"share\": %u, \"measured\": %u, \"level\": %u, \"debt\": %u, "
         "\"boost\": %s, \"packet_bytes\": %u, \"under_pace\": %u, "
         "\"bytes\": %u, \"served\": %u, \"idle_seconds\": %.3f}",
-        sep, JsonString(k.key), k.active, k.connections, k.share_bytes_per_sec,
-        k.measured_bytes_per_sec, k.level_bytes_per_sec, k.debt_bytes,
+        sep, JsonString(k.key), JsonString(k.rule), k.active, k.connections,
+        k.share_bytes_per_sec, k.measured_bytes_per_sec, k.level_bytes_per_sec,
+        k.debt_bytes,
         k.boost < 0 ? std::string("null") : absl::StrFormat("%.4f", k.boost),
         k.packet_bytes, k.under_pace, k.bytes_sent, k.connections_served,
         IdleSeconds(k, s.taken_ns));
+    sep = ",";
+  }
+  absl::StrAppend(&out, "],\n \"rules\": [");
+  sep = "";
+  for (const RuleSnapshot& r : s.rules) {
+    absl::StrAppendFormat(&out,
+                          "%s\n  {\"name\": %s, \"rate\": %u, \"burst\": %u, "
+                          "\"key\": %s}",
+                          sep, JsonString(r.name), r.rate_bytes_per_sec,
+                          r.burst_bytes,
+                          JsonString(DescribeKeySpec(r.key_spec)));
     sep = ",";
   }
   absl::StrAppend(&out, "],\n \"processes\": [");
@@ -311,12 +345,22 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
                  "out to stay within its CPU allowance (1: not at all)."},
                 [](const ProcSnapshot& p) { return p.watcher_stretch; });
   }
+  AppendHeader(&out, {"trafficrate_rule_rate_bytes_per_second", "gauge",
+                      "Rate each client key of the rule shares among its "
+                      "connections."});
+  for (const RuleSnapshot& r : s.rules) {
+    absl::StrAppendFormat(
+        &out, "%s{zone=\"%s\",rule=\"%s\"} %s\n",
+        "trafficrate_rule_rate_bytes_per_second", zone, PrometheusLabel(r.name),
+        PrometheusValue(static_cast<double>(r.rate_bytes_per_sec)));
+  }
   const std::vector<KeySnapshot> keys = SelectKeys(s, options);
   const auto key_metric = [&](const Metric& m, auto value_of) {
     AppendHeader(&out, m);
     for (const KeySnapshot& k : keys) {
-      absl::StrAppendFormat(&out, "%s{zone=\"%s\",key=\"%s\"} %s\n", m.name,
-                            zone, PrometheusLabel(k.key),
+      absl::StrAppendFormat(&out, "%s{zone=\"%s\",key=\"%s\",rule=\"%s\"} %s\n",
+                            m.name, zone, PrometheusLabel(k.key),
+                            PrometheusLabel(k.rule),
                             PrometheusValue(value_of(k)));
     }
   };

@@ -164,7 +164,10 @@ std::string FormatTopFrame(const ZoneSnapshot& now, const ZoneSnapshot* before,
     absl::StrAppendFormat(
         &out, "%-39s %11s %s %11s %6u %6u %11s\n", r.key.key,
         HumanRate(r.bytes_per_sec),
-        TopBar(r.bytes_per_sec, now.rate_bytes_per_sec, bar),
+        TopBar(r.bytes_per_sec,
+               r.key.rate_bytes_per_sec > 0 ? r.key.rate_bytes_per_sec
+                                            : now.rate_bytes_per_sec,
+               bar),
         budget ? HumanRate(r.key.measured_bytes_per_sec) : "-", r.key.active,
         r.key.connections, HumanRate(r.key.share_bytes_per_sec));
   }

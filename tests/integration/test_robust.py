@@ -680,8 +680,9 @@ HEADER_FIELDS = [
     ("procs_high_water", 220, 4), ("burst_bytes", 224, 8),
     ("header_checksum", 232, 8), ("lock_timeouts", 240, 8),
     ("corrupt", 248, 4), ("reserved1", 252, 68), ("handoffs", 320, 1024),
+    ("rules", 1344, 1024),
 ]
-HEADER_SIZE = 1344
+HEADER_SIZE = 2368
 FIELD = {name: (offset, size) for name, offset, size in HEADER_FIELDS}
 LOCK_OFFSET, LOCK_SIZE = FIELD["lock"]
 # Fields the library keeps changing (counters, free-list heads, the futex
