@@ -8,8 +8,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
@@ -20,6 +22,7 @@
 #include "src/governor.h"
 #include "src/log.h"
 #include "src/rules.h"
+#include "src/rules_file.h"
 #include "src/zone.h"
 
 namespace trafficrate {
@@ -78,6 +81,29 @@ void ConfigureLog(const Config& config) {
   g_logger.Configure(LogTarget::kFile, fd);
 }
 
+// TRAFFICRATE_CONFIG: the rules go to the Governor, and each rule with a
+// rate to its zone rule slot (rule 0's rate, key and burst are already the
+// zone's own: OpenOrCreate, SetShare). A rule that can never match is
+// logged, and kept: it costs nothing.
+void ApplyRules(const Config& config, Zone& zone, GovernorOptions* options) {
+  options->file_rules = config.rules;
+  options->rule_slots = RuleZoneSlots(config.rules);
+  options->after_bytes = 0;
+  for (size_t i = 0; i < config.rules.size(); ++i) {
+    const Rule& rule = config.rules[i];
+    const uint32_t slot = options->rule_slots[i];
+    if (slot >= kZoneRules) continue;
+    options->after_by_rule[slot] = rule.after_bytes;
+    options->after_bytes = std::max(options->after_bytes, rule.after_bytes);
+    zone.SetRule(slot, rule.name, rule.rate_bytes_per_sec, rule.burst_bytes,
+                 rule.key);
+  }
+  RulesFile file{config.rules_path, config.rules};
+  for (const std::string& line : ShadowedRules(file)) {
+    g_logger.Logf("%s: %s", config.rules_path.c_str(), line.c_str());
+  }
+}
+
 void Initialize() {
   ResolveRealFunctions();
   // Start-up errors go to stderr: the operator must see them, whatever
@@ -118,6 +144,7 @@ void Initialize() {
   options.rules = *rules;
   options.after_bytes = config->after_bytes;
   options.idle_ns = config->idle_ns;
+  if (!config->rules.empty()) ApplyRules(*config, **zone, &options);
   // Never destroyed: host threads may still send while the process exits.
   auto* gov = new Governor(zone->release(), table, &g_logger, options);
   pthread_atfork(nullptr, nullptr, &ChildAfterFork);

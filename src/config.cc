@@ -24,6 +24,8 @@ constexpr size_t kMaxZoneNameBytes = 64;
 constexpr char kStrictForm[] = "use 0 or 1";
 constexpr char kLogForm[] = "use stderr, syslog, off or an absolute file path";
 constexpr char kShareForm[] = "use budget or equal";
+constexpr char kConfigForm[] =
+    "use the absolute path of a rules file, e.g. /etc/trafficrate/rules.conf";
 constexpr char kZoneForm[] =
     "use 1 to 64 characters from A-Z a-z 0-9 _ . - not starting with '.'";
 
@@ -38,6 +40,40 @@ absl::Status VariableError(absl::string_view name, absl::string_view value,
 bool IsZoneNameChar(char c) {
   return absl::ascii_isalnum(static_cast<uint8_t>(c)) || c == '_' || c == '.' ||
          c == '-';
+}
+
+// TRAFFICRATE_CONFIG: reads the rules file into *config. `also_set` is
+// the first of the variables a rule replaces that is set too, or null.
+absl::Status ApplyRulesFile(absl::string_view value, const char* also_set,
+                            Config* config) {
+  if (value.empty() || value.front() != '/') {
+    return VariableError(kEnvConfig, value, "is not an absolute path",
+                         kConfigForm);
+  }
+  if (also_set != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kEnvConfig, ": ", also_set,
+        " is set too; with a rules file each rule has its own rate, key, "
+        "listen, exempt, after and burst: put them in the file and unset ",
+        also_set));
+  }
+  absl::StatusOr<RulesFile> file = ReadRulesFile(std::string(value));
+  if (!file.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kEnvConfig, ": ", file.status().message()));
+  }
+  config->rules_path = std::string(value);
+  config->rules = std::move(file->rules);
+  config->enabled = false;
+  for (const Rule& rule : config->rules) {
+    if (rule.unlimited) continue;
+    config->enabled = true;
+    config->rate_bytes_per_sec = rule.rate_bytes_per_sec;
+    config->key = rule.key;
+    config->burst_bytes = rule.burst_bytes;
+    break;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -112,11 +148,18 @@ absl::string_view ShareModeName(ShareMode mode) {
 
 absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   Config config;
+  // The first variable set that a rules file replaces (TRAFFICRATE_CONFIG).
+  const char* replaced = nullptr;
+  const auto note = [&replaced](const char* name) {
+    if (replaced == nullptr) replaced = name;
+  };
   if (const char* value = env(kEnvRate); value != nullptr) {
+    note(kEnvRate);
     TRAFFICRATE_ASSIGN_OR_RETURN(config.rate_bytes_per_sec, ParseRate(value));
     config.enabled = true;
   }
   if (const char* value = env(kEnvKey); value != nullptr) {
+    note(kEnvKey);
     TRAFFICRATE_ASSIGN_OR_RETURN(config.key, ParseKeySpec(value));
   }
   if (const char* value = env(kEnvZone); value != nullptr) {
@@ -126,12 +169,15 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.zone_size_bytes, ParseZoneSize(value));
   }
   if (const char* value = env(kEnvPorts); value != nullptr) {
+    note(kEnvPorts);
     TRAFFICRATE_ASSIGN_OR_RETURN(config.ports, ParsePorts(value));
   }
   if (const char* value = env(kEnvExempt); value != nullptr) {
+    note(kEnvExempt);
     TRAFFICRATE_ASSIGN_OR_RETURN(config.exempt, ParseExempt(value));
   }
   if (const char* value = env(kEnvAfter); value != nullptr) {
+    note(kEnvAfter);
     TRAFFICRATE_ASSIGN_OR_RETURN(config.after_bytes, ParseAfter(value));
   }
   if (const char* value = env(kEnvLog); value != nullptr) {
@@ -148,10 +194,14 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.share, ParseShare(value));
   }
   if (const char* value = env(kEnvBurst); value != nullptr) {
+    note(kEnvBurst);
     TRAFFICRATE_ASSIGN_OR_RETURN(config.burst_bytes, ParseBurst(value));
   }
   if (const char* value = env(kEnvInherited); value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.inherited, ParseInherited(value));
+  }
+  if (const char* value = env(kEnvConfig); value != nullptr) {
+    TRAFFICRATE_RETURN_IF_ERROR(ApplyRulesFile(value, replaced, &config));
   }
   return config;
 }

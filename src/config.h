@@ -38,6 +38,12 @@
 //   TRAFFICRATE_BURST      budget mode: unused allowance a key may bank,
 //                          k/m/g units, 1k .. 1g; unset: 50 ms of the rate,
 //                          at least 16k
+//   TRAFFICRATE_CONFIG     an absolute path to a rules file (rules_file.h):
+//                          named rules, each with its own ports, clients,
+//                          key, rate, after and burst, in place of
+//                          TRAFFICRATE_RATE, _KEY, _PORTS, _EXEMPT, _AFTER
+//                          and _BURST (set together with it, they are an
+//                          error)
 // A variable that is set but empty is an error, not "use the default": an
 // empty value is usually a shell variable that was meant to hold something.
 
@@ -55,6 +61,7 @@
 #include "src/budget.h"
 #include "src/key.h"
 #include "src/rules.h"
+#include "src/rules_file.h"
 
 namespace trafficrate {
 
@@ -71,11 +78,12 @@ inline constexpr const char* kEnvIdle = "TRAFFICRATE_IDLE";
 inline constexpr const char* kEnvShare = "TRAFFICRATE_SHARE";
 inline constexpr const char* kEnvBurst = "TRAFFICRATE_BURST";
 inline constexpr const char* kEnvInherited = "TRAFFICRATE_INHERITED";
+inline constexpr const char* kEnvConfig = "TRAFFICRATE_CONFIG";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate,   kEnvKey,   kEnvZone,     kEnvZoneSize, kEnvPorts,
-    kEnvExempt, kEnvAfter, kEnvLog,      kEnvStrict,   kEnvIdle,
-    kEnvShare,  kEnvBurst, kEnvInherited};
+    kEnvRate,   kEnvKey,   kEnvZone,      kEnvZoneSize, kEnvPorts,
+    kEnvExempt, kEnvAfter, kEnvLog,       kEnvStrict,   kEnvIdle,
+    kEnvShare,  kEnvBurst, kEnvInherited, kEnvConfig};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
@@ -107,6 +115,13 @@ struct Config {
   // TRAFFICRATE_INHERITED: at start-up, govern the client connections the
   // process inherited (inetd, systemd Accept=yes): Governor::AdoptInherited.
   bool inherited = true;
+  // TRAFFICRATE_CONFIG: the rules file's rules, in order (empty without
+  // one). With a file, rate_bytes_per_sec, key and burst_bytes are those
+  // of its first rule that has a rate (the zone's rule 0; see
+  // RuleZoneSlots), ports and exempt are empty, and enabled is false when
+  // no rule has a rate (every rule unlimited: nothing to govern).
+  std::string rules_path;
+  std::vector<Rule> rules;
 };
 
 // Looks a variable up; returns nullptr when it is unset. The returned string

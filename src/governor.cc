@@ -79,6 +79,31 @@ uint16_t PortOf(const sockaddr* addr, socklen_t len) {
 // AF_INET6 peer, on a governed local port, from a client that is not exempt;
 // and its key. peer may be null or truncated: then the kernel is asked. The
 // local address is asked for only when the key or the port rules need it.
+// With a rules file: the first rule matching the local endpoint and the
+// client decides, and the key carries its zone rule in byte kKeyRuleByte.
+bool ClassifyByRules(const GovernorOptions& options, const sockaddr* peer,
+                     socklen_t peer_len, const sockaddr* local,
+                     socklen_t local_len, const uint8_t peer16[16],
+                     ConnKey* key) {
+  uint8_t local16[16];
+  uint16_t local_port = 0;
+  PeerBytes(local, local16, &local_port);
+  const int match =
+      FirstMatchingRule(options.file_rules, local16, local_port, peer16);
+  if (match < 0) return false;
+  const Rule& rule = options.file_rules[match];
+  const uint32_t slot = options.rule_slots[match];
+  if (rule.unlimited || slot >= kZoneRules) return false;
+  for (const Cidr& cidr : rule.exempt) {
+    if (CidrContains(cidr, peer16)) return false;
+  }
+  if (!MakeConnKey(rule.key, peer, peer_len, local, local_len, key)) {
+    return false;
+  }
+  key->bytes[kKeyRuleByte] = static_cast<uint8_t>(slot);
+  return true;
+}
+
 bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
               socklen_t peer_len, ConnKey* key, uint8_t peer16[16],
               uint16_t* peer_port) {
@@ -96,13 +121,23 @@ bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
   sockaddr_storage local_buf;
   const sockaddr* local = nullptr;
   socklen_t local_len = 0;
-  if (options.key.mode == KeyMode::kLocal || options.rules.restricts_ports()) {
+  const bool by_rules = !options.file_rules.empty();
+  if (by_rules || options.key.mode == KeyMode::kLocal ||
+      options.rules.restricts_ports()) {
     local_len = sizeof(local_buf);
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_buf), &local_len) !=
         0) {
       return false;
     }
     local = reinterpret_cast<const sockaddr*>(&local_buf);
+    if (local_len < sizeof(sa_family_t) ||
+        (local->sa_family != AF_INET && local->sa_family != AF_INET6)) {
+      return false;
+    }
+    if (by_rules) {
+      return ClassifyByRules(options, peer, peer_len, local, local_len, peer16,
+                             key);
+    }
     if (!options.rules.GovernsPort(PortOf(local, local_len))) return false;
   }
   return MakeConnKey(options.key, peer, peer_len, local, local_len, key);
@@ -334,15 +369,26 @@ void Governor::AfterSend(int fd, ssize_t sent) {
                             std::memory_order_relaxed);
 }
 
+uint64_t Governor::AfterBytes(const ConnSlotShm& conn) const {
+  if (options_.file_rules.empty() || options_.after_bytes == 0) {
+    return options_.after_bytes;
+  }
+  const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
+  if (key >= zone_->key_capacity()) return 0;
+  const uint32_t rule = zone_->RuleOf(zone_->key(key));
+  return rule < kZoneRules ? options_.after_by_rule[rule] : 0;
+}
+
 bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
-  if (options_.after_bytes == 0) return true;
+  const uint64_t after = AfterBytes(conn);
+  if (after == 0) return true;
   const uint64_t queued = conn.bytes_sent.load(std::memory_order_relaxed);
-  if (queued < options_.after_bytes) return false;
+  if (queued < after) return false;
   // Queued is not sent: a share set now would pace what still waits in the
   // socket, first bytes included. Count only what has left it.
   int unsent = 0;
   if (ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return true;
-  return queued - static_cast<uint64_t>(unsent) >= options_.after_bytes;
+  return queued - static_cast<uint64_t>(unsent) >= after;
 }
 
 void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
@@ -952,8 +998,8 @@ void Governor::ExpireIdle(int64_t now_ns) {
     if (options_.after_bytes > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
-        conn.bytes_sent.load(std::memory_order_relaxed) >=
-            options_.after_bytes) {
+        AfterBytes(conn) > 0 &&
+        conn.bytes_sent.load(std::memory_order_relaxed) >= AfterBytes(conn)) {
       // Queued past TRAFFICRATE_AFTER with no send since: join once sent.
       JoinSlow(fd, entry, state);
       continue;

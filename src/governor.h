@@ -35,6 +35,7 @@
 #include "src/key.h"
 #include "src/log.h"
 #include "src/rules.h"
+#include "src/rules_file.h"
 #include "src/watcher.h"
 #include "src/zone.h"
 
@@ -53,6 +54,14 @@ struct GovernorOptions : WatcherTiming {
   // TRAFFICRATE_AFTER: a connection joins its key (takes a share, is paced)
   // only once it has sent this many bytes.
   uint64_t after_bytes = 0;
+  // TRAFFICRATE_CONFIG: the rules file's rules, matched in order once per
+  // accepted connection (a getsockname and a walk of their lists; nothing
+  // per send). Empty: key, rules and after_bytes above are the one rule.
+  // rule_slots[i] is rules[i]'s zone rule (RuleZoneSlots); after_by_rule
+  // holds each zone rule's after, and after_bytes their largest.
+  std::vector<Rule> file_rules;
+  std::vector<uint32_t> rule_slots;
+  uint64_t after_by_rule[kZoneRules] = {};
 };
 
 class Governor {
@@ -206,6 +215,9 @@ class Governor {
   void JoinSlow(int fd, FdEntry& entry, uint64_t state);
   // TRAFFICRATE_AFTER: whether the connection's first after_bytes have left
   // the socket (sent, not merely queued). One ioctl once they are queued.
+  // TRAFFICRATE_AFTER of the connection's rule (after_bytes without a
+  // rules file).
+  uint64_t AfterBytes(const ConnSlotShm& conn) const;
   bool PastAfter(int fd, const ConnSlotShm& conn) const;
   void Reregister(int fd, FdEntry& entry, uint64_t state);
   // One connection's idle check (ExpireIdle; TickBudget's visits in budget

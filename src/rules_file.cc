@@ -68,6 +68,16 @@ std::string AsField(absl::string_view field, const absl::Status& status) {
   return absl::StrCat(field, ": ", message);
 }
 
+// A path as messages show it: as is when it is plain printable ASCII, else
+// quoted and escaped (a newline in it cannot split the one-line message).
+std::string PathForMessage(absl::string_view path) {
+  bool plain = !path.empty() && path.size() <= 256;
+  for (const char c : path) {
+    plain = plain && absl::ascii_isprint(static_cast<uint8_t>(c));
+  }
+  return plain ? std::string(path) : QuoteForMessage(path);
+}
+
 bool IsNameChar(char c) {
   return absl::ascii_isalnum(static_cast<uint8_t>(c)) || c == '_' || c == '.' ||
          c == '-';
@@ -138,7 +148,6 @@ std::string ParseListenItem(absl::string_view item, ListenEntry* entry) {
   } else {
     ports = item;
   }
-  if (address == "0.0.0.0" || address == "::") has_address = false;
   if (has_address) {
     if (address.find('/') != absl::string_view::npos) {
       return absl::StrCat(QuoteForMessage(address),
@@ -146,7 +155,16 @@ std::string ParseListenItem(absl::string_view item, ListenEntry* entry) {
     }
     std::string problem = ParseCidrItem(address, &entry->address);
     if (!problem.empty()) return problem;
-    entry->any_address = false;
+    // 0.0.0.0 and :: (however written) are every local address, as in a
+    // server's own listen directive; the rest is one address.
+    static constexpr uint8_t kMappedAny[16] = {0, 0, 0,    0,    0, 0, 0, 0,
+                                               0, 0, 0xff, 0xff, 0, 0, 0, 0};
+    static constexpr uint8_t kAny[16] = {};
+    entry->any_address =
+        std::memcmp(entry->address.addr,
+                    entry->address.family == AF_INET ? kMappedAny : kAny,
+                    16) == 0;
+    if (entry->any_address) entry->address = Cidr{};
   }
   if (ports == "*") return "";
   if (ports.empty()) return absl::StrCat(QuoteForMessage(item), " has no port");
@@ -338,10 +356,12 @@ bool operator==(const ListenEntry& a, const ListenEntry& b) {
          (a.any_address || a.address == b.address);
 }
 
-absl::StatusOr<RulesFile> ParseRulesText(absl::string_view path,
+absl::StatusOr<RulesFile> ParseRulesText(absl::string_view raw_path,
                                          absl::string_view text) {
   RulesFile file;
-  file.path = std::string(path);
+  file.path = std::string(raw_path);
+  const std::string shown = PathForMessage(raw_path);
+  const absl::string_view path = shown;
   if (text.size() > kMaxRulesFileBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": larger than 1 MiB; a rules file holds at most ",
@@ -424,18 +444,19 @@ absl::StatusOr<RulesFile> ParseRulesText(absl::string_view path,
 }
 
 absl::StatusOr<RulesFile> ReadRulesFile(const std::string& path) {
+  const std::string shown = PathForMessage(path);
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", path));
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open ", shown));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     const int err = errno;
     close(fd);
-    return absl::ErrnoToStatus(err, absl::StrCat("fstat ", path));
+    return absl::ErrnoToStatus(err, absl::StrCat("fstat ", shown));
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file; give a rules file"));
+        absl::StrCat(shown, ": not a regular file; give a rules file"));
   }
   std::string text;
   char buf[16384];
@@ -445,7 +466,7 @@ absl::StatusOr<RulesFile> ReadRulesFile(const std::string& path) {
     if (n < 0) {
       const int err = errno;
       close(fd);
-      return absl::ErrnoToStatus(err, absl::StrCat("read ", path));
+      return absl::ErrnoToStatus(err, absl::StrCat("read ", shown));
     }
     if (n == 0) break;
     text.append(buf, static_cast<size_t>(n));
@@ -474,10 +495,10 @@ bool RuleMatches(const Rule& rule, const uint8_t local16[16],
   return false;
 }
 
-int FirstMatchingRule(const RulesFile& file, const uint8_t local16[16],
+int FirstMatchingRule(const std::vector<Rule>& rules, const uint8_t local16[16],
                       uint16_t local_port, const uint8_t peer16[16]) {
-  for (size_t i = 0; i < file.rules.size(); ++i) {
-    if (RuleMatches(file.rules[i], local16, local_port, peer16)) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (RuleMatches(rules[i], local16, local_port, peer16)) {
       return static_cast<int>(i);
     }
   }
@@ -503,6 +524,15 @@ std::vector<std::string> ShadowedRules(const RulesFile& file) {
     }
   }
   return lines;
+}
+
+std::vector<uint32_t> RuleZoneSlots(const std::vector<Rule>& rules) {
+  std::vector<uint32_t> slots;
+  uint32_t next = 0;
+  for (const Rule& rule : rules) {
+    slots.push_back(rule.unlimited ? kNoRuleSlot : next++);
+  }
+  return slots;
 }
 
 std::string FormatListenEntry(const ListenEntry& e) {

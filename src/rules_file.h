@@ -111,7 +111,7 @@ ABSL_MUST_USE_RESULT absl::StatusOr<RulesFile> ReadRulesFile(
 // unpaced). The index of the first matching rule, or -1.
 bool RuleMatches(const Rule& rule, const uint8_t local16[16],
                  uint16_t local_port, const uint8_t peer16[16]);
-int FirstMatchingRule(const RulesFile& file, const uint8_t local16[16],
+int FirstMatchingRule(const std::vector<Rule>& rules, const uint8_t local16[16],
                       uint16_t local_port, const uint8_t peer16[16]);
 
 // For each rule that can never match because one earlier rule matches
@@ -124,6 +124,12 @@ std::vector<std::string> ShadowedRules(const RulesFile& file);
 // The rules as the library applies them, in order, one block per rule with
 // every field (defaults spelled out), for `trafficrate check`.
 std::string FormatRules(const RulesFile& file);
+
+// The zone rule slot (zone_layout.h, RuleSlotShm) of each rule, in order:
+// 0, 1, ... for the rules with a rate, kNoRuleSlot for the unlimited ones
+// (they never reach the zone).
+inline constexpr uint32_t kNoRuleSlot = ~0u;
+std::vector<uint32_t> RuleZoneSlots(const std::vector<Rule>& rules);
 
 // "80", "8000-8099", "127.0.0.1:80", "[::1]:8000-8099", "127.0.0.1" (every
 // port): parses back to the same entry.

@@ -1,6 +1,9 @@
 #include "src/config.h"
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <fstream>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -9,10 +12,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/key.h"
 #include "src/rules.h"
+#include "src/rules_file.h"
 
 namespace trafficrate {
 namespace {
@@ -131,9 +136,9 @@ TEST(ParseConfigTest, AllVariablesSet) {
 
 TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
   const std::vector<std::string> want = {
-      kEnvRate,   kEnvKey,   kEnvZone,     kEnvZoneSize, kEnvPorts,
-      kEnvExempt, kEnvAfter, kEnvLog,      kEnvStrict,   kEnvIdle,
-      kEnvShare,  kEnvBurst, kEnvInherited};
+      kEnvRate,   kEnvKey,   kEnvZone,      kEnvZoneSize, kEnvPorts,
+      kEnvExempt, kEnvAfter, kEnvLog,       kEnvStrict,   kEnvIdle,
+      kEnvShare,  kEnvBurst, kEnvInherited, kEnvConfig};
   std::vector<std::string> seen;
   ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
                 seen.push_back(name);
@@ -316,6 +321,86 @@ TEST(ParseZoneNameTest, RefusesOthers) {
         std::string("caf\xc3\xa9"), std::string(65, 'z')}) {
     ExpectErrorNaming(ParseZoneName(value).status(), kEnvZone);
   }
+}
+
+}  // namespace
+}  // namespace trafficrate
+
+namespace trafficrate {
+namespace {
+
+// A rules file in the test's temporary directory, removed at the end.
+class RulesFileOnDisk {
+ public:
+  explicit RulesFileOnDisk(const std::string& text)
+      : path_(absl::StrCat(::testing::TempDir(), "/config_test_rules.",
+                           getpid(), ".", ++count_)) {
+    std::ofstream(path_) << text;
+  }
+  ~RulesFileOnDisk() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  static inline int count_ = 0;
+  std::string path_;
+};
+
+TEST(ParseConfigTest, RulesFileGivesTheRulesAndRuleZerosSettings) {
+  RulesFileOnDisk file(
+      "[internal]\nclients = 10.0.0.0/8\nrate = unlimited\n"
+      "[downloads]\nlisten = 80\nkey = peer/24\nrate = 500k\nburst = 64k\n"
+      "[api]\nlisten = 8443\nrate = 2m\nafter = 1m\n");
+  FakeEnv env = {{kEnvConfig, file.path()}, {kEnvShare, "budget"}};
+  absl::StatusOr<Config> config = env.Parse();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->enabled);
+  EXPECT_EQ(config->rules_path, file.path());
+  ASSERT_EQ(config->rules.size(), 3u);
+  EXPECT_EQ(config->rules[2].name, "api");
+  // The zone's rule 0 is the first rule with a rate.
+  EXPECT_EQ(config->rate_bytes_per_sec, 500u << 10);
+  EXPECT_EQ(config->key.v4_prefix, 24);
+  EXPECT_EQ(config->burst_bytes, 64u << 10);
+  EXPECT_EQ(config->share, ShareMode::kBudget);
+  EXPECT_EQ(RuleZoneSlots(config->rules),
+            (std::vector<uint32_t>{kNoRuleSlot, 0, 1}));
+}
+
+TEST(ParseConfigTest, RulesFileWithEveryRuleUnlimitedGovernsNothing) {
+  RulesFileOnDisk file("[all]\nrate = unlimited\n");
+  FakeEnv env = {{kEnvConfig, file.path()}};
+  absl::StatusOr<Config> config = env.Parse();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->enabled);
+}
+
+TEST(ParseConfigTest, RulesFileErrorsNameTheVariableAndTheFile) {
+  RulesFileOnDisk file("[a]\nrate = 1m\n");
+  for (const char* name :
+       {kEnvRate, kEnvKey, kEnvPorts, kEnvExempt, kEnvAfter, kEnvBurst}) {
+    FakeEnv env = {{kEnvConfig, file.path()}};
+    env.Set(name, name == kEnvRate || name == kEnvAfter || name == kEnvBurst
+                      ? "1m"
+                  : name == kEnvKey   ? "peer"
+                  : name == kEnvPorts ? "80"
+                                      : "10.0.0.1");
+    const absl::Status status = env.Parse().status();
+    EXPECT_THAT(
+        std::string(status.message()),
+        StartsWith(absl::StrCat(kEnvConfig, ": ", name, " is set too; ")))
+        << name;
+  }
+  FakeEnv relative = {{kEnvConfig, "rules.conf"}};
+  ExpectErrorNaming(relative.Parse().status(), kEnvConfig);
+  FakeEnv missing = {{kEnvConfig, "/nonexistent/rules.conf"}};
+  EXPECT_EQ(std::string(missing.Parse().status().message()),
+            "TRAFFICRATE_CONFIG: open /nonexistent/rules.conf: No such file "
+            "or directory");
+  RulesFileOnDisk bad("[a]\nrate = 1m\nrat = 2\n");
+  FakeEnv env = {{kEnvConfig, bad.path()}};
+  EXPECT_THAT(std::string(env.Parse().status().message()),
+              StartsWith(absl::StrCat(kEnvConfig, ": ", bad.path(),
+                                      ":3:1: unknown field \"rat\"")));
 }
 
 }  // namespace

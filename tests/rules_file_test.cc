@@ -64,7 +64,7 @@ std::string ErrorOf(const std::string& text) {
 
 int Match(const RulesFile& file, const char* local, uint16_t port,
           const char* peer) {
-  return FirstMatchingRule(file, A(local).bytes, port, A(peer).bytes);
+  return FirstMatchingRule(file.rules, A(local).bytes, port, A(peer).bytes);
 }
 
 TEST(RulesFileTest, ParsesEveryFieldWithCommentsAndBlanks) {
@@ -141,7 +141,7 @@ TEST(RulesFileTest, EveryListenForm) {
   const RulesFile file = Parse(
       "[r]\nrate = 1k\nlisten = 80, 8000-8099, 127.0.0.1:80, [::1]:8080, "
       "127.0.0.1:8000-8099, *:81, 127.0.0.2, [::1], [::]:82, 0.0.0.0:83, *, "
-      "[2001:db8::1]:1-65535\n");
+      "[2001:db8::1]:1-65535, [::0]:84, 0.0.0.0\n");
   ASSERT_THAT(file.rules, SizeIs(1));
   std::vector<std::string> shown;
   for (const ListenEntry& e : file.rules[0].listen) {
@@ -150,7 +150,7 @@ TEST(RulesFileTest, EveryListenForm) {
   EXPECT_THAT(shown,
               ElementsAre("80", "8000-8099", "127.0.0.1:80", "[::1]:8080",
                           "127.0.0.1:8000-8099", "81", "127.0.0.2", "[::1]",
-                          "82", "83", "*:*", "[2001:db8::1]"));
+                          "82", "83", "*:*", "[2001:db8::1]", "84", "*:*"));
   // Each shown form parses back to the same entry.
   for (size_t i = 0; i < shown.size(); ++i) {
     const RulesFile again =

@@ -1,5 +1,8 @@
 #include "tools/cli.h"
 
+#include <limits.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 
@@ -45,7 +48,7 @@ constexpr ConfigOption kConfigOptions[] = {
     {"--idle", kEnvIdle},   {"--log", kEnvLog},
     {"--ports", kEnvPorts}, {"--exempt", kEnvExempt},
     {"--after", kEnvAfter}, {"--share", kEnvShare},
-    {"--burst", kEnvBurst},
+    {"--burst", kEnvBurst}, {"--config", kEnvConfig},
 };
 
 }  // namespace
@@ -121,6 +124,15 @@ std::map<std::string, std::string> ConfigEnvironment(
   }
   if (args.Has("--strict")) env[kEnvStrict] = "1";
   if (args.Has("--no-inherited")) env[kEnvInherited] = "0";
+  // --config FILE may be relative to here; the server may chdir, so the
+  // library gets it absolute (TRAFFICRATE_CONFIG must be).
+  if (const std::string file = args.Get("--config", "");
+      !file.empty() && file[0] != '/') {
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) {
+      env[kEnvConfig] = absl::StrCat(cwd, "/", file);
+    }
+  }
   return env;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "src/config.h"
 #include "src/snapshot.h"
 #include "src/units.h"
@@ -29,7 +30,7 @@ constexpr OptionSpec kConfigSpecs[] = {
     {"--zone-size", true},     {"--idle", true},    {"--log", true},
     {"--ports", true},         {"--exempt", true},  {"--after", true},
     {"--share", true},         {"--burst", true},   {"--strict", false},
-    {"--no-inherited", false}, {"--library", true},
+    {"--no-inherited", false}, {"--library", true}, {"--config", true},
 };
 
 constexpr char kConfigOptionsHelp[] =
@@ -58,6 +59,10 @@ constexpr char kConfigOptionsHelp[] =
   --no-inherited  leave alone the client connections the server inherits at
                   start-up (inetd, systemd Accept=yes), which are governed
                   by default (TRAFFICRATE_INHERITED=0)
+  --config FILE   a rules file: named rules, each with its own listen ports,
+                  clients, exempt, key, rate, after and burst, in place of
+                  --rate, --key, --ports, --exempt, --after and --burst
+                  (TRAFFICRATE_CONFIG; see README, "Rules file")
 )";
 
 const std::string kRunHelp = absl::StrCat(
@@ -67,7 +72,8 @@ Runs COMMAND with libtrafficrate.so preloaded (LD_PRELOAD) and configured:
 every connection it accepts shares its client's rate with that client's other
 connections, across all of the server's processes. Options set the
 TRAFFICRATE_* variables; variables already set are kept unless an option
-overrides them. A rate is required.
+overrides them. A rate (or a rules file, --config) is required; a rules file
+with a rule that can never match is refused.
 
 )",
     kConfigOptionsHelp,
@@ -81,8 +87,11 @@ const std::string kCheckHelp = absl::StrCat(
     R"(usage: trafficrate check [OPTIONS]
 
 Validates the configuration a server would get (the TRAFFICRATE_* variables
-of this environment, overridden by the options) and prints what it means.
-Exits 1 with the library's own message if it is invalid.
+of this environment, overridden by the options) and prints what it means;
+with a rules file (--config), its rules in the order the library applies
+them. Exits 1 with the library's own message if it is invalid, or with a
+warning naming both rules if a rule can never match (an earlier one takes
+every connection it would).
 
 )",
     kConfigOptionsHelp);
@@ -103,13 +112,15 @@ bytes sent, connections served and last activity.
 )";
 
 constexpr char kSetHelp[] =
-    R"(usage: trafficrate set [--zone NAME] RATE
+    R"(usage: trafficrate set [--zone NAME] [--rule NAME] RATE
 
 Changes a running zone's per-client rate, e.g. `trafficrate set 1m`. Every
 server process applies it to its sending connections within milliseconds. A
-server started later with TRAFFICRATE_RATE sets the zone's rate again.
+server started later with TRAFFICRATE_RATE (or a rules file) sets the rates
+again. A zone whose server has a rules file takes the rule to change.
 
   --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
+  --rule NAME     the rule of the rules file whose rate to change
 )";
 
 constexpr char kGcHelp[] =
@@ -166,6 +177,17 @@ std::string FindLibrary() {
   return "";
 }
 
+// The rules of a rules file that can never match, as one line each naming
+// the file and both rules.
+std::vector<std::string> Shadowed(const Config& config) {
+  std::vector<std::string> lines;
+  for (const std::string& line :
+       ShadowedRules(RulesFile{config.rules_path, config.rules})) {
+    lines.push_back(absl::StrCat(config.rules_path, ": ", line));
+  }
+  return lines;
+}
+
 absl::StatusOr<Config> ParseEnvironment(
     const std::map<std::string, std::string>& env) {
   return ParseConfig([&env](const char* name) -> const char* {
@@ -190,13 +212,18 @@ int RunCommand(const std::vector<std::string>& raw) {
   }
   const std::map<std::string, std::string> env =
       ConfigEnvironment(args, TrafficrateEnvironment());
-  if (env.count(kEnvRate) == 0) {
-    return UsageError("run", "--rate is required (e.g. --rate 500k)");
+  if (env.count(kEnvRate) == 0 && env.count(kEnvConfig) == 0) {
+    return UsageError("run",
+                      "--rate or --config is required (e.g. --rate 500k)");
   }
   absl::StatusOr<Config> config = ParseEnvironment(env);
   if (!config.ok()) {
     return UsageError("run",
                       ForOptions(args, std::string(config.status().message())));
+  }
+  if (const std::vector<std::string> shadowed = Shadowed(*config);
+      !shadowed.empty()) {
+    return Failure(absl::StrCat("run: ", shadowed.front()));
   }
   std::string library = args.Get("--library", "");
   if (library.empty()) library = FindLibrary();
@@ -277,6 +304,65 @@ std::string ZoneInWords(const Config& config) {
                          HumanRate(h.rate_bytes_per_sec.load()));
 }
 
+// The single rule of TRAFFICRATE_RATE, _KEY, _PORTS, _EXEMPT and _AFTER.
+void AppendSingleRule(const Config& config, std::string* out) {
+  absl::StrAppendFormat(out, "  key     %s\n", KeyInWords(config.key));
+  absl::StrAppendFormat(
+      out, "  ports   %s\n",
+      config.ports.empty()
+          ? "connections accepted on every local port are governed"
+          : absl::StrCat("only connections accepted on local port(s) ",
+                         FormatPorts(config.ports), " are governed"));
+  std::vector<std::string> exempt;
+  for (const Cidr& c : config.exempt) exempt.push_back(FormatCidr(c));
+  absl::StrAppendFormat(
+      out, "  exempt  %s\n",
+      exempt.empty()
+          ? "none: every client is governed"
+          : absl::StrCat(absl::StrJoin(exempt, ", "), " never governed"));
+  absl::StrAppendFormat(
+      out, "  after   %s\n",
+      config.after_bytes == 0
+          ? "0: paced from the first byte"
+          : absl::StrFormat("each connection's first %s (%u bytes) unpaced",
+                            HumanBytes(config.after_bytes),
+                            config.after_bytes));
+}
+
+// What holds for every rule: share mode, burst, log, inherited, strict.
+void AppendSharedSettings(const Config& config, std::string* out) {
+  absl::StrAppendFormat(
+      out, "  share   %s\n",
+      config.share == ShareMode::kEqual
+          ? "equal: each sending connection gets rate / active, always "
+            "(TRAFFICRATE_SHARE=equal)"
+          : "budget: a shared byte budget per key, measured across "
+            "processes; no cap while the key is clearly under its rate, "
+            "max-min fair levels near it, debts repaid "
+            "(TRAFFICRATE_SHARE=budget)");
+  if (config.share == ShareMode::kBudget && config.rules.empty()) {
+    const uint64_t burst = config.burst_bytes != 0
+                               ? config.burst_bytes
+                               : DefaultBurstBytes(config.rate_bytes_per_sec);
+    absl::StrAppendFormat(
+        out, "  burst   %s (%u bytes) a key may bank while under its rate%s\n",
+        HumanBytes(burst), burst,
+        config.burst_bytes != 0 ? "" : " (default: 50 ms of the rate)");
+  }
+  absl::StrAppendFormat(out, "  log     %s\n", LogInWords(config));
+  absl::StrAppendFormat(
+      out, "  inherited %s\n",
+      config.inherited
+          ? "client connections inherited at start-up (inetd, systemd "
+            "Accept=yes) are governed"
+          : "connections inherited at start-up are left alone "
+            "(TRAFFICRATE_INHERITED=0)");
+  absl::StrAppendFormat(
+      out, "  strict  %s\n",
+      config.strict ? "yes: a bad configuration stops the server at start-up"
+                    : "no: a bad configuration leaves the server unpaced");
+}
+
 }  // namespace
 
 int CheckCommand(const std::vector<std::string>& raw) {
@@ -291,7 +377,18 @@ int CheckCommand(const std::vector<std::string>& raw) {
   absl::StatusOr<Config> config = ParseEnvironment(env);
   if (!config.ok()) return Failure(std::string(config.status().message()));
   std::string out = "trafficrate configuration:\n";
-  if (config->enabled) {
+  if (!config->rules.empty()) {
+    absl::StrAppendFormat(
+        &out,
+        "  rules   %s (TRAFFICRATE_CONFIG): %zu rule(s); a connection is "
+        "governed by the first that matches it at accept\n",
+        config->rules_path, config->rules.size());
+    for (absl::string_view line : absl::StrSplit(
+             FormatRules(RulesFile{config->rules_path, config->rules}), '\n',
+             absl::SkipEmpty())) {
+      absl::StrAppend(&out, "    ", line, "\n");
+    }
+  } else if (config->enabled) {
     absl::StrAppendFormat(&out,
                           "  rate    %s (%u B/s) per client key, shared by "
                           "its sending connections (TRAFFICRATE_RATE=%s)\n",
@@ -302,63 +399,23 @@ int CheckCommand(const std::vector<std::string>& raw) {
                     "  rate    unset: the library does nothing (set "
                     "TRAFFICRATE_RATE or --rate)\n");
   }
-  absl::StrAppendFormat(&out, "  key     %s\n", KeyInWords(config->key));
+  if (config->rules.empty()) {
+    AppendSingleRule(*config, &out);
+  }
   absl::StrAppendFormat(&out, "  zone    %s\n", ZoneInWords(*config));
-  absl::StrAppendFormat(
-      &out, "  ports   %s\n",
-      config->ports.empty()
-          ? "connections accepted on every local port are governed"
-          : absl::StrCat("only connections accepted on local port(s) ",
-                         FormatPorts(config->ports), " are governed"));
-  std::vector<std::string> exempt;
-  for (const Cidr& c : config->exempt) exempt.push_back(FormatCidr(c));
-  absl::StrAppendFormat(
-      &out, "  exempt  %s\n",
-      exempt.empty()
-          ? "none: every client is governed"
-          : absl::StrCat(absl::StrJoin(exempt, ", "), " never governed"));
-  absl::StrAppendFormat(
-      &out, "  after   %s\n",
-      config->after_bytes == 0
-          ? "0: paced from the first byte"
-          : absl::StrFormat("each connection's first %s (%u bytes) unpaced",
-                            HumanBytes(config->after_bytes),
-                            config->after_bytes));
   absl::StrAppendFormat(&out,
                         "  idle    a connection that sends nothing for %s "
                         "stops taking a share\n",
                         FormatDurationNs(config->idle_ns));
-  absl::StrAppendFormat(
-      &out, "  share   %s\n",
-      config->share == ShareMode::kEqual
-          ? "equal: each sending connection gets rate / active, always "
-            "(TRAFFICRATE_SHARE=equal)"
-          : "budget: a shared byte budget per key, measured across "
-            "processes; no cap while the key is clearly under its rate, "
-            "max-min fair levels near it, debts repaid "
-            "(TRAFFICRATE_SHARE=budget)");
-  if (config->share == ShareMode::kBudget) {
-    const uint64_t burst = config->burst_bytes != 0
-                               ? config->burst_bytes
-                               : DefaultBurstBytes(config->rate_bytes_per_sec);
-    absl::StrAppendFormat(
-        &out, "  burst   %s (%u bytes) a key may bank while under its rate%s\n",
-        HumanBytes(burst), burst,
-        config->burst_bytes != 0 ? "" : " (default: 50 ms of the rate)");
-  }
-  absl::StrAppendFormat(&out, "  log     %s\n", LogInWords(*config));
-  absl::StrAppendFormat(
-      &out, "  inherited %s\n",
-      config->inherited
-          ? "client connections inherited at start-up (inetd, systemd "
-            "Accept=yes) are governed"
-          : "connections inherited at start-up are left alone "
-            "(TRAFFICRATE_INHERITED=0)");
-  absl::StrAppendFormat(
-      &out, "  strict  %s\n",
-      config->strict ? "yes: a bad configuration stops the server at start-up"
-                     : "no: a bad configuration leaves the server unpaced");
+  AppendSharedSettings(*config, &out);
   std::fputs(out.c_str(), stdout);
+  if (const std::vector<std::string> shadowed = Shadowed(*config);
+      !shadowed.empty()) {
+    for (const std::string& line : shadowed) {
+      std::fprintf(stderr, "trafficrate: %s\n", line.c_str());
+    }
+    return kExitFailed;
+  }
   return kExitOk;
 }
 
@@ -400,7 +457,7 @@ int StatCommand(const std::vector<std::string>& raw) {
 }
 
 int SetCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {{"--zone", true}};
+  static constexpr OptionSpec kSpecs[] = {{"--zone", true}, {"--rule", true}};
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
@@ -419,15 +476,37 @@ int SetCommand(const std::vector<std::string>& raw) {
     return UsageError("set", message);
   }
   if (!OpenZone("set", args, &zone, &rc)) return rc;
-  const uint64_t old = zone->header().rate_bytes_per_sec.load();
-  zone->SetRate(*rate);
+  // The rules in use: rule 0 always, the others while they have a rate.
+  std::vector<std::string> names;
+  for (uint32_t r = 0; r < kZoneRules; ++r) {
+    if (r == 0 || zone->RuleRate(r) != 0) names.push_back(zone->RuleName(r));
+  }
+  const bool has_rules = names.size() > 1 || names[0] != "default";
+  uint32_t rule = 0;
+  if (args.Has("--rule")) {
+    rule = zone->FindRule(args.Get("--rule", ""));
+    if (rule == kNoSlot) {
+      return Failure(absl::StrFormat(
+          "set: zone %s has no rule \"%s\"; its "
+          "rules: %s",
+          zone->name(), args.Get("--rule", ""), absl::StrJoin(names, ", ")));
+    }
+  } else if (has_rules) {
+    return UsageError(
+        "set", absl::StrFormat("zone %s has rules (%s): name one with --rule "
+                               "NAME",
+                               zone->name(), absl::StrJoin(names, ", ")));
+  }
+  const uint64_t old = zone->RuleRate(rule);
+  zone->SetRuleRate(rule, *rate);
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   std::printf(
-      "zone %s: rate %s (%llu B/s) -> %s (%llu B/s), applied by %zu "
+      "zone %s%s: rate %s (%llu B/s) -> %s (%llu B/s), applied by %zu "
       "server processes\n",
-      zone->name().c_str(), HumanRate(old).c_str(),
-      static_cast<unsigned long long>(old), HumanRate(*rate).c_str(),
-      static_cast<unsigned long long>(*rate),
+      zone->name().c_str(),
+      has_rules ? absl::StrCat(", rule ", zone->RuleName(rule)).c_str() : "",
+      HumanRate(old).c_str(), static_cast<unsigned long long>(old),
+      HumanRate(*rate).c_str(), static_cast<unsigned long long>(*rate),
       snap.ok() ? LiveProcesses(*snap) : 0);
   return kExitOk;
 }

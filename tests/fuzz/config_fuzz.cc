@@ -326,7 +326,7 @@ void CheckRulesFile(absl::string_view value) {
   uint8_t local[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
   uint8_t peer[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 2};
   for (const uint16_t port : {1, 80, 443, 8080, 65535}) {
-    const int rule = FirstMatchingRule(*file, local, port, peer);
+    const int rule = FirstMatchingRule(file->rules, local, port, peer);
     TRAFFICRATE_FUZZ_CHECK(rule >= -1 &&
                            rule < static_cast<int>(file->rules.size()));
   }

@@ -1,0 +1,168 @@
+"""Issue 11, a rules file (TRAFFICRATE_CONFIG): several named rules in one
+server, each with its own ports, clients, key and rate, applied at once.
+
+Real nginx (2 workers, sendfile on) listening on two ports, one of them on
+[::1] too, under the library with a rules file and no TRAFFICRATE_RATE, in
+the private network namespace of conftest.py; each test has its own zone.
+Rates are measured by the clients (harness.Download); run with -s to see
+the figures, which are in every assertion message too.
+"""
+
+import time
+
+import harness
+
+TOLERANCE = 0.05
+UNLIMITED_FACTOR = 20  # "unpaced" means at least this many times the rate
+DOWNLOADS = 512000     # B/s per client on the downloads port (500k)
+SERVICE = 1 << 20      # B/s for all clients of the service port together (1m)
+A, B, C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+INTERNAL = "127.0.0.9"
+V6_HOST = "::1"
+
+RULES = """\
+# The internal network is never paced; it comes first, so it wins.
+[internal]
+clients = {internal}
+rate    = unlimited
+
+# Downloads: 500 KB/s per client.
+[downloads]
+listen  = {p1}
+rate    = 500k
+
+# The whole service on the other port shares 1 MB/s, over IPv4 and IPv6.
+[service]
+listen  = {p2}, [::1]:{p2}   # a trailing comment
+key     = all
+rate    = 1m
+"""
+
+
+def two_port_nginx(servers, env, workdir):
+    """nginx on 127.0.0.1:p1 and :p2 and [::1]:p2, with the rules file."""
+    p1, p2 = harness.free_port(), harness.free_port()
+    while p2 == p1:
+        p2 = harness.free_port()
+    rules = workdir / "rules.conf"
+    rules.write_text(RULES.format(internal=INTERNAL, p1=p1, p2=p2))
+    server = servers.nginx(
+        env=dict(env, TRAFFICRATE_CONFIG=str(rules)), workers=2, port=p1,
+        extra_ports=[p2], extra_server="    listen [::1]:%d;" % p2)
+    server.p1, server.p2, server.rules = p1, p2, rules
+    server.title += ", also [::1]:%d; rules file %s" % (p2, rules)
+    return server
+
+
+def test_two_rules_an_exempt_client_and_a_shared_cap_at_once(
+        servers, lib_env, zone, workdir):
+    server = two_port_nginx(servers, lib_env(), workdir)
+    downloads = harness.DownloadSet(server.p1, [A, A, B], duration=12.0)
+    service = harness.DownloadSet(server.p2, [A, C], duration=12.0)
+    service6 = harness.DownloadSet(server.p2, [V6_HOST], host=V6_HOST,
+                                   duration=12.0)
+    internal = harness.DownloadSet(server.p1, [INTERNAL], duration=12.0,
+                                   repeat=True)
+    sets = [downloads, service, service6, internal]
+    for s in sets:
+        s.start()
+    try:
+        started = [s.wait_started(10.0) for s in sets]
+        assert all(started), [s.errors() for s in sets]
+        t0 = max(started) + 2.0
+        t1 = t0 + 8.0
+        time.sleep(max(0.0, t0 + 1.0 - time.monotonic()))
+        stat = harness.stat_json(zone)
+        time.sleep(max(0.0, t1 + 0.1 - time.monotonic()))
+        m = [s.measure(t0, t1) for s in sets]
+    finally:
+        for s in sets:
+            s.stop()
+        for s in sets:
+            s.join(10.0)
+    rate_a, rate_b = m[0].source_rate(A), m[0].source_rate(B)
+    shared = m[1].source_rate(A) + m[1].source_rate(C) + m[2].source_rate(V6_HOST)
+    free = m[3].source_rate(INTERNAL)
+    keys = {(k["key"], k["rule"]): k["connections"] for k in stat["keys"]}
+    report = "%s\ndownloads port:\n%s\nservice port:\n%s\n%s\ninternal:\n%s\n" \
+        "downloads: %s %.4f x, %s %.4f x; service together %.4f x; internal " \
+        "%.1f x\nstat keys: %s\nrules: %s" % (
+            server.title, m[0].report(), m[1].report(), m[2].report(),
+            m[3].report(), A, rate_a / DOWNLOADS, B, rate_b / DOWNLOADS,
+            shared / SERVICE, free / DOWNLOADS, keys, stat["rules"])
+    print("\n" + report)
+    assert not any(s.errors() for s in sets), report
+    # Each downloads client at its own 500k, the same client under the
+    # service rule in the service's shared 1m: two rules, two budgets.
+    assert harness.within(rate_a, DOWNLOADS, TOLERANCE), report
+    assert harness.within(rate_b, DOWNLOADS, TOLERANCE), report
+    assert harness.within(shared, SERVICE, TOLERANCE), report
+    assert free > UNLIMITED_FACTOR * DOWNLOADS, report
+    assert keys == {(A, "downloads"): 2, (B, "downloads"): 1,
+                    ("all", "service"): 3}, report
+    assert [(r["name"], r["rate"], r["key"]) for r in stat["rules"]] == [
+        ("downloads", DOWNLOADS, "peer"), ("service", SERVICE, "all")], report
+    assert server.trafficrate_lines() == [], server.describe()
+    table = harness.run_cli("stat", "--zone", zone)
+    assert "rule service: 1 MiB/s per client (key all)" in table.stdout, table.stdout
+
+
+def test_set_rule_changes_one_rule_while_the_other_holds(
+        servers, lib_env, zone, workdir):
+    server = two_port_nginx(servers, lib_env(), workdir)
+    sets = [harness.DownloadSet(server.p1, [A], duration=13.0),
+            harness.DownloadSet(server.p2, [C], duration=13.0)]
+    for s in sets:
+        s.start()
+    try:
+        started = [s.wait_started(10.0) for s in sets]
+        assert all(started), [s.errors() for s in sets]
+        time.sleep(max(0.0, max(started) + 1.0 - time.monotonic()))
+        # Without --rule, or with an unknown one: refused, naming the rules.
+        bare = harness.run_cli("set", "--zone", zone, "2m")
+        unknown = harness.run_cli("set", "--zone", zone, "--rule", "api", "2m")
+        changed = harness.run_cli("set", "--zone", zone, "--rule", "service",
+                                  "2m")
+        t0 = time.monotonic() + 2.0
+        t1 = t0 + 8.0
+        time.sleep(max(0.0, t1 + 0.1 - time.monotonic()))
+        m = [s.measure(t0, t1) for s in sets]
+    finally:
+        for s in sets:
+            s.stop()
+        for s in sets:
+            s.join(10.0)
+    report = "%s\nset 2m: rc %d %s\nset --rule api: rc %d %s\nset --rule " \
+        "service: rc %d %s\ndownloads port:\n%s\nservice port:\n%s" % (
+            server.title, bare.returncode, bare.stderr, unknown.returncode,
+            unknown.stderr, changed.returncode, changed.stdout, m[0].report(),
+            m[1].report())
+    print("\n" + report)
+    assert not any(s.errors() for s in sets), report
+    assert bare.returncode == 2 and "name one with --rule" in bare.stderr, report
+    assert unknown.returncode == 1 and "downloads, service" in unknown.stderr, \
+        report
+    assert changed.returncode == 0 and "rule service" in changed.stdout, report
+    # The running service download rose to the new rate; downloads held.
+    assert harness.within(m[0].source_rate(A), DOWNLOADS, TOLERANCE), report
+    assert harness.within(m[1].source_rate(C), 2 * SERVICE, TOLERANCE), report
+
+
+def test_check_and_run_refuse_a_rule_that_can_never_match(workdir, cli):
+    rules = workdir / "shadowed.conf"
+    rules.write_text("[all]\nrate = 1m\n\n[api]\nlisten = 8443\nrate = 2m\n")
+    good = workdir / "good.conf"
+    good.write_text("[api]\nlisten = 8443\nrate = 2m\n[all]\nrate = 1m\n")
+    check = harness.run_cli("check", "--config", rules)
+    run = harness.run_cli("run", "--config", rules, "--", "true")
+    ok = harness.run_cli("check", "--config", good)
+    report = "check: rc %d\n%s%s\nrun: rc %d %s\ngood: rc %d\n%s" % (
+        check.returncode, check.stdout, check.stderr, run.returncode, run.stderr,
+        ok.returncode, ok.stdout)
+    print("\n" + report)
+    want = 'rule "api" (line 4) can never match: rule "all" (line 1)'
+    assert check.returncode == 1 and want in check.stderr, report
+    assert run.returncode == 1 and want in run.stderr, report
+    assert ok.returncode == 0, report
+    assert "1. [api] (line 1)" in ok.stdout and "2. [all] (line 4)" in ok.stdout, \
+        report
