@@ -81,23 +81,12 @@ void ConfigureLog(const Config& config) {
   g_logger.Configure(LogTarget::kFile, fd);
 }
 
-// TRAFFICRATE_CONFIG: the rules go to the Governor, and each rule with a
-// rate to its zone rule slot (rule 0's rate, key and burst are already the
-// zone's own: OpenOrCreate, SetShare). A rule that can never match is
+// TRAFFICRATE_CONFIG: the rules go to the Governor, which maps them to the
+// zone's rules (Governor::InstallRules). A rule that can never match is
 // logged, and kept: it costs nothing.
-void ApplyRules(const Config& config, Zone& zone, GovernorOptions* options) {
+void ApplyRules(const Config& config, GovernorOptions* options) {
+  options->rules_path = config.rules_path;
   options->file_rules = config.rules;
-  options->rule_slots = RuleZoneSlots(config.rules);
-  options->after_bytes = 0;
-  for (size_t i = 0; i < config.rules.size(); ++i) {
-    const Rule& rule = config.rules[i];
-    const uint32_t slot = options->rule_slots[i];
-    if (slot >= kZoneRules) continue;
-    options->after_by_rule[slot] = rule.after_bytes;
-    options->after_bytes = std::max(options->after_bytes, rule.after_bytes);
-    zone.SetRule(slot, rule.name, rule.rate_bytes_per_sec, rule.burst_bytes,
-                 rule.key);
-  }
   RulesFile file{config.rules_path, config.rules};
   for (const std::string& line : ShadowedRules(file)) {
     g_logger.Logf("%s: %s", config.rules_path.c_str(), line.c_str());
@@ -144,7 +133,7 @@ void Initialize() {
   options.rules = *rules;
   options.after_bytes = config->after_bytes;
   options.idle_ns = config->idle_ns;
-  if (!config->rules.empty()) ApplyRules(*config, **zone, &options);
+  if (!config->rules.empty()) ApplyRules(*config, &options);
   // Never destroyed: host threads may still send while the process exits.
   auto* gov = new Governor(zone->release(), table, &g_logger, options);
   pthread_atfork(nullptr, nullptr, &ChildAfterFork);

@@ -117,9 +117,9 @@ struct Config {
   bool inherited = true;
   // TRAFFICRATE_CONFIG: the rules file's rules, in order (empty without
   // one). With a file, rate_bytes_per_sec, key and burst_bytes are those
-  // of its first rule that has a rate (the zone's rule 0; see
-  // RuleZoneSlots), ports and exempt are empty, and enabled is false when
-  // no rule has a rate (every rule unlimited: nothing to govern).
+  // of its first rule that has a rate (the zone's rule 0), ports and
+  // exempt are empty, and enabled is false when no rule has a rate (every
+  // rule unlimited: nothing to govern).
   std::string rules_path;
   std::vector<Rule> rules;
 };

@@ -81,18 +81,17 @@ uint16_t PortOf(const sockaddr* addr, socklen_t len) {
 // local address is asked for only when the key or the port rules need it.
 // With a rules file: the first rule matching the local endpoint and the
 // client decides, and the key carries its zone rule in byte kKeyRuleByte.
-bool ClassifyByRules(const GovernorOptions& options, const sockaddr* peer,
+bool ClassifyByRules(const RuleTable& table, const sockaddr* peer,
                      socklen_t peer_len, const sockaddr* local,
                      socklen_t local_len, const uint8_t peer16[16],
                      ConnKey* key) {
   uint8_t local16[16];
   uint16_t local_port = 0;
   PeerBytes(local, local16, &local_port);
-  const int match =
-      FirstMatchingRule(options.file_rules, local16, local_port, peer16);
+  const int match = FirstMatchingRule(table.rules, local16, local_port, peer16);
   if (match < 0) return false;
-  const Rule& rule = options.file_rules[match];
-  const uint32_t slot = options.rule_slots[match];
+  const Rule& rule = table.rules[match];
+  const uint32_t slot = table.slots[match];
   if (rule.unlimited || slot >= kZoneRules) return false;
   for (const Cidr& cidr : rule.exempt) {
     if (CidrContains(cidr, peer16)) return false;
@@ -104,9 +103,9 @@ bool ClassifyByRules(const GovernorOptions& options, const sockaddr* peer,
   return true;
 }
 
-bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
-              socklen_t peer_len, ConnKey* key, uint8_t peer16[16],
-              uint16_t* peer_port) {
+bool Classify(int fd, const GovernorOptions& options, const RuleTable* table,
+              const sockaddr* peer, socklen_t peer_len, ConnKey* key,
+              uint8_t peer16[16], uint16_t* peer_port) {
   int type = 0;
   socklen_t type_len = sizeof(type);
   if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
@@ -121,7 +120,7 @@ bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
   sockaddr_storage local_buf;
   const sockaddr* local = nullptr;
   socklen_t local_len = 0;
-  const bool by_rules = !options.file_rules.empty();
+  const bool by_rules = table != nullptr;
   if (by_rules || options.key.mode == KeyMode::kLocal ||
       options.rules.restricts_ports()) {
     local_len = sizeof(local_buf);
@@ -135,7 +134,7 @@ bool Classify(int fd, const GovernorOptions& options, const sockaddr* peer,
       return false;
     }
     if (by_rules) {
-      return ClassifyByRules(options, peer, peer_len, local, local_len, peer16,
+      return ClassifyByRules(*table, peer, peer_len, local, local_len, peer16,
                              key);
     }
     if (!options.rules.GovernsPort(PortOf(local, local_len))) return false;
@@ -155,6 +154,19 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       pid_(static_cast<int32_t>(getpid())) {
   local_ = MapPrivateArray<LocalConn>(zone_->conn_capacity());
   key_local_ = MapPrivateArray<LocalKey>(zone_->key_capacity());
+  rules_generation_seen_.store(
+      zone_->header().rules_generation.load(std::memory_order_acquire),
+      std::memory_order_release);
+  if (!options_.file_rules.empty() &&
+      !InstallRules(options_.file_rules, /*at_start=*/true)) {
+    // The zone lock stayed busy: the rules' connections pass through, as
+    // any connection does while the lock is stalled, until a reload.
+    logger_->Logf(
+        "zone %s: its lock stayed busy at start-up; the rules "
+        "file's connections pass through until `trafficrate "
+        "reload`",
+        zone_->name().c_str());
+  }
 }
 
 Governor::~Governor() {
@@ -232,10 +244,19 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   if (entry->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*entry));
   }
+  if (RulesStale()) {
+    // `trafficrate reload`: the watcher reads the file again (starting it
+    // if this process has none yet); the connection is classified under
+    // the new rules at its first send after that.
+    EnsureProc();
+    MarkPending(fd, *entry);
+    return;
+  }
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_, peer, peer_len, &key, peer16, &peer_port)) {
+  if (!Classify(fd, options_, rule_table_.load(std::memory_order_acquire), peer,
+                peer_len, &key, peer16, &peer_port)) {
     return;
   }
   Register(fd, *entry, key, peer16, peer_port);
@@ -315,7 +336,10 @@ void Governor::MarkPending(int fd, FdEntry& entry) {
 void Governor::RetryRegister(int fd, FdEntry& entry) {
   // While the lock is still held, or the watcher still starts, no system
   // call: the send goes out unpaced, as it would without the library.
-  if (zone_->lock_stalled() || zone_->corrupt() || watcher_.starting()) return;
+  if (zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
+      RulesStale()) {
+    return;
+  }
   uint64_t pending = kRegisterPending;
   if (!entry.state.compare_exchange_strong(pending, 0,
                                            std::memory_order_acq_rel)) {
@@ -324,7 +348,9 @@ void Governor::RetryRegister(int fd, FdEntry& entry) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_, nullptr, 0, &key, peer16, &peer_port)) return;
+  if (!Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
+                nullptr, 0, &key, peer16, &peer_port))
+    return;
   Register(fd, entry, key, peer16, peer_port);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
   if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
@@ -370,13 +396,96 @@ void Governor::AfterSend(int fd, ssize_t sent) {
 }
 
 uint64_t Governor::AfterBytes(const ConnSlotShm& conn) const {
-  if (options_.file_rules.empty() || options_.after_bytes == 0) {
-    return options_.after_bytes;
-  }
+  const RuleTable* table = rule_table_.load(std::memory_order_acquire);
+  if (table == nullptr) return options_.after_bytes;
+  if (table->max_after == 0) return 0;
   const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
   if (key >= zone_->key_capacity()) return 0;
   const uint32_t rule = zone_->RuleOf(zone_->key(key));
-  return rule < kZoneRules ? options_.after_by_rule[rule] : 0;
+  return rule < kZoneRules ? table->after_by_rule[rule] : 0;
+}
+
+bool Governor::RulesStale() const {
+  return !options_.rules_path.empty() &&
+         zone_->header().rules_generation.load(std::memory_order_acquire) !=
+             rules_generation_seen_.load(std::memory_order_acquire);
+}
+
+bool Governor::AnyAfter() const {
+  const RuleTable* table = rule_table_.load(std::memory_order_acquire);
+  return table != nullptr ? table->max_after > 0 : options_.after_bytes > 0;
+}
+
+bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
+  auto table = std::make_unique<RuleTable>();
+  table->rules = rules;
+  table->slots.assign(rules.size(), kNoRuleSlot);
+  const Rule* first = nullptr;
+  for (const Rule& rule : rules) {
+    if (!rule.unlimited && first == nullptr) first = &rule;
+  }
+  // At start-up the zone's own rate, key and burst are the first rule's.
+  if (at_start && first != nullptr) {
+    zone_->SetRule(0, first->name, 0, 0, first->key);
+  }
+  {
+    ZoneLock lock(*zone_, kWatcherLockWaitNs);
+    if (!lock.ok()) return false;
+    for (size_t i = 0; i < rules.size(); ++i) {
+      if (rules[i].unlimited) continue;
+      table->slots[i] = zone_->MapRuleLocked(rules[i].name, rules[i].key);
+    }
+  }
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const Rule& rule = rules[i];
+    const uint32_t slot = table->slots[i];
+    if (rule.unlimited) continue;
+    if (slot >= kZoneRules) {
+      logger_->Logf(
+          "rule \"%s\": every one of the zone's %u rules is taken (by this "
+          "file and earlier ones); its connections pass through unpaced "
+          "until the zone is made afresh",
+          rule.name.c_str(), kZoneRules);
+      continue;
+    }
+    if (slot == 0) {
+      if (!at_start) {
+        if (zone_->RuleRate(0) != rule.rate_bytes_per_sec) {
+          zone_->SetRate(rule.rate_bytes_per_sec);
+        }
+        zone_->SetShare(zone_->share_mode(), rule.burst_bytes);
+      }
+    } else {
+      zone_->SetRule(slot, rule.name, rule.rate_bytes_per_sec, rule.burst_bytes,
+                     rule.key);
+    }
+    table->after_by_rule[slot] = rule.after_bytes;
+    table->max_after = std::max(table->max_after, rule.after_bytes);
+  }
+  // Never freed: see RuleTable.
+  rule_table_.store(table.release(), std::memory_order_release);
+  return true;
+}
+
+void Governor::ReloadRules() {
+  absl::StatusOr<RulesFile> file = ReadRulesFile(options_.rules_path);
+  if (!file.ok()) {
+    logger_->Logf("reload: %s; the rules in force stay",
+                  std::string(file.status().message()).c_str());
+    return;
+  }
+  for (const std::string& line : ShadowedRules(*file)) {
+    logger_->Logf("reload: %s: %s", options_.rules_path.c_str(), line.c_str());
+  }
+  if (!InstallRules(file->rules, /*at_start=*/false)) {
+    logger_->Logf(
+        "reload: the zone lock stayed busy; the rules in force stay (run "
+        "trafficrate reload again)");
+    return;
+  }
+  logger_->Logf(
+      "reload: %zu rule(s) from %s, for the connections accepted from now on",
+      file->rules.size(), options_.rules_path.c_str());
 }
 
 bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
@@ -443,7 +552,8 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
   uint8_t peer16[16];
   uint16_t peer_port = 0;
   const bool is_conn =
-      Classify(fd, options_, nullptr, 0, &key, peer16, &peer_port);
+      Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
+               nullptr, 0, &key, peer16, &peer_port);
   if (!entry.state.compare_exchange_strong(state, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it
@@ -977,7 +1087,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
   // Budget mode: the tick's visits expire the sending connections
   // (TickBudget); only TRAFFICRATE_AFTER's joins are left to this pass.
   const bool budget = BudgetWanted();
-  if (budget && options_.after_bytes == 0) return;
+  if (budget && !AnyAfter()) return;
   const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
   // Equal mode: a connection that cannot be idle before a known time is
@@ -995,7 +1105,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
       continue;
     }
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
-    if (options_.after_bytes > 0 && ConnValid(conn, state) &&
+    if (AnyAfter() && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
         AfterBytes(conn) > 0 &&
@@ -1082,6 +1192,14 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
 
 bool Governor::CheckZone(int64_t now_ns) {
   if (zone_->corrupt()) return PassThroughCorrupt();
+  if (const uint32_t rules =
+          zone_->header().rules_generation.load(std::memory_order_acquire);
+      rules != rules_generation_seen_.load(std::memory_order_relaxed)) {
+    if (!options_.rules_path.empty()) ReloadRules();
+    // After the new table is published (or the old one kept): connections
+    // accepted meanwhile waited for this (RulesStale).
+    rules_generation_seen_.store(rules, std::memory_order_release);
+  }
   if (zone_->lock_stalled() && !zone_->RecheckLock()) {
     if (now_ns < next_zone_check_ns_) return true;
   } else {

@@ -54,14 +54,23 @@ struct GovernorOptions : WatcherTiming {
   // TRAFFICRATE_AFTER: a connection joins its key (takes a share, is paced)
   // only once it has sent this many bytes.
   uint64_t after_bytes = 0;
-  // TRAFFICRATE_CONFIG: the rules file's rules, matched in order once per
-  // accepted connection (a getsockname and a walk of their lists; nothing
-  // per send). Empty: key, rules and after_bytes above are the one rule.
-  // rule_slots[i] is rules[i]'s zone rule (RuleZoneSlots); after_by_rule
-  // holds each zone rule's after, and after_bytes their largest.
+  // TRAFFICRATE_CONFIG: the rules file and its rules, matched in order once
+  // per accepted connection (a getsockname and a walk of their lists;
+  // nothing per send). Empty: key, rules and after_bytes above are the one
+  // rule. `trafficrate reload` makes the watcher read the file again.
+  std::string rules_path;
   std::vector<Rule> file_rules;
-  std::vector<uint32_t> rule_slots;
+};
+
+// A rules file's rules as the accept path reads them, with the zone rule of
+// each (kNoRuleSlot: unlimited, or no zone rule was free) and each zone
+// rule's after. Immutable once published; a reload publishes another and
+// never frees the one before (an accept may still read it): a few KB each.
+struct RuleTable {
+  std::vector<Rule> rules;
+  std::vector<uint32_t> slots;
   uint64_t after_by_rule[kZoneRules] = {};
+  uint64_t max_after = 0;
 };
 
 class Governor {
@@ -156,6 +165,19 @@ class Governor {
   // corrupt: the process then passes everything through (PassThroughAll),
   // and the watcher has nothing more to do.
   bool CheckZone(int64_t now_ns);
+  // The rules file: maps its rules to zone rules (MapRuleLocked), sets
+  // their rates, and publishes the table for the accept path. At start-up
+  // the first rule with a rate is the zone's rule 0. False if the zone lock
+  // could not be had (the rules in force stay). Watcher or init only.
+  bool InstallRules(const std::vector<Rule>& rules, bool at_start);
+  // `trafficrate reload`: reads the file again; on error logs and keeps the
+  // rules in force.
+  void ReloadRules();
+  // Whether some rule sends its first bytes unpaced (TRAFFICRATE_AFTER).
+  bool AnyAfter() const;
+  // A rules file is in use and `trafficrate reload` asked for it to be read
+  // again, which this process's watcher has not done yet. Hot path.
+  bool RulesStale() const;
   // Ends the registrations of connections this process passed that nobody
   // received by now_ns - kHandoffExpiryNs, unless it still has an fd of
   // them (CheckZone, each watcher loop; safe beside the watcher: it works
@@ -374,6 +396,11 @@ class Governor {
   std::atomic<uint64_t> deferred_lost_{0};
   // The watcher's once-a-second look at the zone (CheckZone).
   int64_t next_zone_check_ns_ = 0;
+  std::atomic<const RuleTable*> rule_table_{nullptr};
+  // The zone's rules_generation the rule table answers to (the watcher
+  // moves it after each reload); while it lags, accepted connections wait
+  // for the reload (RulesStale).
+  std::atomic<uint32_t> rules_generation_seen_{0};
   uint64_t lock_timeouts_said_ = 0;
   uint64_t deferred_lost_said_ = 0;
   int stalled_checks_ = 0;

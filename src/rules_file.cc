@@ -526,15 +526,6 @@ std::vector<std::string> ShadowedRules(const RulesFile& file) {
   return lines;
 }
 
-std::vector<uint32_t> RuleZoneSlots(const std::vector<Rule>& rules) {
-  std::vector<uint32_t> slots;
-  uint32_t next = 0;
-  for (const Rule& rule : rules) {
-    slots.push_back(rule.unlimited ? kNoRuleSlot : next++);
-  }
-  return slots;
-}
-
 std::string FormatListenEntry(const ListenEntry& e) {
   const bool all_ports = e.ports.first == 1 && e.ports.last == 65535;
   std::string ports = e.ports.first == e.ports.last

@@ -125,11 +125,9 @@ std::vector<std::string> ShadowedRules(const RulesFile& file);
 // every field (defaults spelled out), for `trafficrate check`.
 std::string FormatRules(const RulesFile& file);
 
-// The zone rule slot (zone_layout.h, RuleSlotShm) of each rule, in order:
-// 0, 1, ... for the rules with a rate, kNoRuleSlot for the unlimited ones
-// (they never reach the zone).
+// No zone rule (zone_layout.h, RuleSlotShm): an unlimited rule never
+// reaches the zone.
 inline constexpr uint32_t kNoRuleSlot = ~0u;
-std::vector<uint32_t> RuleZoneSlots(const std::vector<Rule>& rules);
 
 // "80", "8000-8099", "127.0.0.1:80", "[::1]:8000-8099", "127.0.0.1" (every
 // port): parses back to the same entry.

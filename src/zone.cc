@@ -1056,6 +1056,43 @@ void Zone::SetRule(uint32_t rule, absl::string_view name,
   WakeWatchers();
 }
 
+uint32_t Zone::MapRuleLocked(absl::string_view name, const KeySpec& key_spec) {
+  const auto named = [&](uint32_t rule) {
+    const uint8_t* bytes = header_->rules[rule].name;
+    if (name.empty() || name.size() >= kRuleNameBytes) return false;
+    for (size_t i = 0; i < kRuleNameBytes; ++i) {
+      const uint8_t c = __atomic_load_n(&bytes[i], __ATOMIC_RELAXED);
+      if (i == name.size()) return c == 0;
+      if (c != static_cast<uint8_t>(name[i])) return false;
+    }
+    return false;
+  };
+  const uint32_t packed = PackKeySpec(key_spec);
+  const uint8_t none[kRuleNameBytes] = {};
+  for (uint32_t rule = 0; rule < kZoneRules; ++rule) {
+    if (!named(rule)) continue;
+    const uint32_t spec =
+        rule == 0
+            ? header_->key_spec
+            : header_->rules[rule].key_spec.load(std::memory_order_relaxed);
+    if (spec == packed) return rule;
+    StoreBytes(header_->rules[rule].name, none, sizeof(none));
+  }
+  for (uint32_t rule = 1; rule < kZoneRules; ++rule) {
+    RuleSlotShm& slot = header_->rules[rule];
+    if (slot.rate_bytes_per_sec.load(std::memory_order_relaxed) != 0 ||
+        __atomic_load_n(&slot.name[0], __ATOMIC_RELAXED) != 0) {
+      continue;
+    }
+    uint8_t bytes[kRuleNameBytes] = {};
+    std::memcpy(bytes, name.data(), std::min(name.size(), kRuleNameBytes - 1));
+    StoreBytes(slot.name, bytes, sizeof(bytes));
+    slot.key_spec.store(packed, std::memory_order_relaxed);
+    return rule;
+  }
+  return kNoSlot;
+}
+
 void Zone::SetRuleRate(uint32_t rule, uint64_t rate_bytes_per_sec) {
   if (rule == 0) return SetRate(rate_bytes_per_sec);
   if (rule >= kZoneRules) return;

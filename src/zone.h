@@ -243,6 +243,16 @@ class Zone {
                const KeySpec& key_spec);
   // One rule's live rate (rule 0: SetRate).
   void SetRuleRate(uint32_t rule, uint64_t rate_bytes_per_sec);
+  // The zone rule for a rules file's rule `name` whose keys are built with
+  // `key_spec`, for start-up and reload: every process of a server maps a
+  // file's rules alike because each does it under the zone lock. The slot
+  // named so, if its key spec is the same (rule 0: the zone's key spec);
+  // else a free one (no name, no rate), whose name it writes at once (the
+  // caller sets its settings with SetRule after unlocking). A slot of that
+  // name with another key spec loses its name: its keys keep their rate
+  // under "rule N" until they close. kNoSlot when every slot is taken.
+  // REQUIRES: zone lock held.
+  uint32_t MapRuleLocked(absl::string_view name, const KeySpec& key_spec);
 
   // Corruption, checked at attach and by every watcher once a second: false
   // once the header's checksum no longer matches (or any process found so

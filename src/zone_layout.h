@@ -196,7 +196,10 @@ struct ZoneHeaderShm {
   // 1 once a process found the header corrupt: every process then passes
   // through, and the next server started replaces the zone.
   std::atomic<uint32_t> corrupt;
-  uint8_t reserved1[68];
+  // Bumped by `trafficrate reload`: every process re-reads its rules file
+  // (TRAFFICRATE_CONFIG) for the connections it accepts from then on.
+  std::atomic<uint32_t> rules_generation;
+  uint8_t reserved1[64];
   // Sockets passed between processes and not yet received.
   HandoffSlotShm handoffs[kHandoffSlots];
   RuleSlotShm rules[kZoneRules];

@@ -362,8 +362,6 @@ TEST(ParseConfigTest, RulesFileGivesTheRulesAndRuleZerosSettings) {
   EXPECT_EQ(config->key.v4_prefix, 24);
   EXPECT_EQ(config->burst_bytes, 64u << 10);
   EXPECT_EQ(config->share, ShareMode::kBudget);
-  EXPECT_EQ(RuleZoneSlots(config->rules),
-            (std::vector<uint32_t>{kNoRuleSlot, 0, 1}));
 }
 
 TEST(ParseConfigTest, RulesFileWithEveryRuleUnlimitedGovernsNothing) {

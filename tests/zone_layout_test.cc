@@ -67,8 +67,9 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, header_checksum), 232u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, lock_timeouts), 240u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, corrupt), 248u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 252u);
-  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 68u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, rules_generation), 252u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 256u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 64u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, handoffs), 320u);
   EXPECT_EQ(sizeof(ZoneHeaderShm::handoffs), 32u * kHandoffSlots);
   EXPECT_EQ(kHandoffSlots, 32u);
@@ -226,6 +227,7 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, header_checksum);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_timeouts);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, corrupt);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules_generation);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules);
   fp.Add(sizeof(RuleSlotShm));
@@ -302,7 +304,8 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {5, 0x7864305c3c913aceULL},  // process watcher_cpu, watcher_stretch
       {6, 0xa8eba82a77627faaULL},  // header checksum, lock_timeouts, corrupt
       {7, 0xcb5af2b0618510c5ULL},  // header handoffs (passed sockets)
-      {8, 0x7d1d3709d6d7b292ULL},  // header rules (rules file)
+      {8,
+       0x65408ca54945c10aULL},  // header rules, rules_generation (rules file)
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;

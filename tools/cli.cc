@@ -28,7 +28,8 @@ commands:
   check   validate a configuration and print what it means
   stat    show a zone's clients, connections, shares and bytes
   top     live view of the busiest clients
-  set     change a zone's rate while its servers run
+  set     change a zone's rate (or one rule's) while its servers run
+  reload  make a zone's servers read their rules file again
   gc      release the registrations of processes that died
   rm      remove a zone
 
@@ -233,9 +234,9 @@ int CliMain(int argc, char** argv) {
     int (*run)(const std::vector<std::string>&);
   };
   static constexpr Command kCommands[] = {
-      {"run", RunCommand}, {"check", CheckCommand}, {"stat", StatCommand},
-      {"top", TopCommand}, {"set", SetCommand},     {"gc", GcCommand},
-      {"rm", RmCommand},
+      {"run", RunCommand}, {"check", CheckCommand},   {"stat", StatCommand},
+      {"top", TopCommand}, {"set", SetCommand},       {"gc", GcCommand},
+      {"rm", RmCommand},   {"reload", ReloadCommand},
   };
   for (const Command& c : kCommands) {
     if (command == c.name) return c.run(args);

@@ -74,6 +74,7 @@ int TopCommand(const std::vector<std::string>& args);
 int SetCommand(const std::vector<std::string>& args);
 int GcCommand(const std::vector<std::string>& args);
 int RmCommand(const std::vector<std::string>& args);
+int ReloadCommand(const std::vector<std::string>& args);
 
 // Parses a subcommand's arguments. Returns true to go on; false when it
 // printed `help` (asked for, *exit_code 0) or a usage error (*exit_code 2).

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "src/config.h"
+#include "src/rules_file.h"
 #include "src/snapshot.h"
 #include "src/units.h"
 #include "src/zone.h"
@@ -121,6 +122,21 @@ again. A zone whose server has a rules file takes the rule to change.
 
   --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
   --rule NAME     the rule of the rules file whose rate to change
+)";
+
+constexpr char kReloadHelp[] =
+    R"(usage: trafficrate reload [--zone NAME] [--config FILE]
+
+Makes every server process of a zone read its rules file (TRAFFICRATE_CONFIG)
+again, without signalling it: the connections each accepts from then on
+follow the new rules; existing connections keep their rule, whose rate the
+file may change. A rule keeps its place by name; a new one takes a free one
+of the zone's 16. A process that cannot read the file logs one line and
+keeps the rules in force.
+
+  --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
+  --config FILE   check FILE first (it should be the servers' file) and
+                  reload only if it is valid and every rule can match
 )";
 
 constexpr char kGcHelp[] =
@@ -508,6 +524,38 @@ int SetCommand(const std::vector<std::string>& raw) {
       HumanRate(old).c_str(), static_cast<unsigned long long>(old),
       HumanRate(*rate).c_str(), static_cast<unsigned long long>(*rate),
       snap.ok() ? LiveProcesses(*snap) : 0);
+  return kExitOk;
+}
+
+int ReloadCommand(const std::vector<std::string>& raw) {
+  static constexpr OptionSpec kSpecs[] = {{"--zone", true}, {"--config", true}};
+  ParsedArgs args;
+  std::unique_ptr<Zone> zone;
+  int rc = kExitOk;
+  if (!Parse("reload", raw, kSpecs, false, kReloadHelp, &args, &rc) ||
+      !NoPositionals("reload", args, &rc)) {
+    return rc;
+  }
+  if (args.Has("--config")) {
+    absl::StatusOr<RulesFile> file = ReadRulesFile(args.Get("--config", ""));
+    if (!file.ok()) {
+      return Failure(absl::StrCat("reload: ", file.status().message(),
+                                  "; nothing reloaded"));
+    }
+    const std::vector<std::string> shadowed = ShadowedRules(*file);
+    if (!shadowed.empty()) {
+      return Failure(absl::StrCat("reload: ", file->path, ": ",
+                                  shadowed.front(), "; nothing reloaded"));
+    }
+  }
+  if (!OpenZone("reload", args, &zone, &rc)) return rc;
+  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
+  zone->header().rules_generation.fetch_add(1, std::memory_order_acq_rel);
+  zone->WakeWatchers();
+  std::printf(
+      "zone %s: reload asked of %zu server processes; each reads its rules "
+      "file again within about 20 ms and logs what it did\n",
+      zone->name().c_str(), snap.ok() ? LiveProcesses(*snap) : 0);
   return kExitOk;
 }
 

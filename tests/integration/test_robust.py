@@ -679,7 +679,8 @@ HEADER_FIELDS = [
     ("conns_reaped", 208, 8), ("share_mode", 216, 4),
     ("procs_high_water", 220, 4), ("burst_bytes", 224, 8),
     ("header_checksum", 232, 8), ("lock_timeouts", 240, 8),
-    ("corrupt", 248, 4), ("reserved1", 252, 68), ("handoffs", 320, 1024),
+    ("corrupt", 248, 4), ("rules_generation", 252, 4), ("reserved1", 256, 64),
+    ("handoffs", 320, 1024),
     ("rules", 1344, 1024),
 ]
 HEADER_SIZE = 2368

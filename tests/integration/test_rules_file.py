@@ -18,6 +18,7 @@ DOWNLOADS = 512000     # B/s per client on the downloads port (500k)
 SERVICE = 1 << 20      # B/s for all clients of the service port together (1m)
 A, B, C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 INTERNAL = "127.0.0.9"
+EXEMPT = "127.0.0.8"  # the downloads rule's exempt client
 V6_HOST = "::1"
 
 RULES = """\
@@ -26,9 +27,10 @@ RULES = """\
 clients = {internal}
 rate    = unlimited
 
-# Downloads: 500 KB/s per client.
+# Downloads: 500 KB/s per client, one client exempt.
 [downloads]
 listen  = {p1}
+exempt  = {exempt}
 rate    = 500k
 
 # The whole service on the other port shares 1 MB/s, over IPv4 and IPv6.
@@ -45,7 +47,8 @@ def two_port_nginx(servers, env, workdir):
     while p2 == p1:
         p2 = harness.free_port()
     rules = workdir / "rules.conf"
-    rules.write_text(RULES.format(internal=INTERNAL, p1=p1, p2=p2))
+    rules.write_text(RULES.format(internal=INTERNAL, exempt=EXEMPT, p1=p1,
+                                  p2=p2))
     server = servers.nginx(
         env=dict(env, TRAFFICRATE_CONFIG=str(rules)), workers=2, port=p1,
         extra_ports=[p2], extra_server="    listen [::1]:%d;" % p2)
@@ -61,8 +64,8 @@ def test_two_rules_an_exempt_client_and_a_shared_cap_at_once(
     service = harness.DownloadSet(server.p2, [A, C], duration=12.0)
     service6 = harness.DownloadSet(server.p2, [V6_HOST], host=V6_HOST,
                                    duration=12.0)
-    internal = harness.DownloadSet(server.p1, [INTERNAL], duration=12.0,
-                                   repeat=True)
+    internal = harness.DownloadSet(server.p1, [INTERNAL, EXEMPT],
+                                   duration=12.0, repeat=True)
     sets = [downloads, service, service6, internal]
     for s in sets:
         s.start()
@@ -83,13 +86,15 @@ def test_two_rules_an_exempt_client_and_a_shared_cap_at_once(
     rate_a, rate_b = m[0].source_rate(A), m[0].source_rate(B)
     shared = m[1].source_rate(A) + m[1].source_rate(C) + m[2].source_rate(V6_HOST)
     free = m[3].source_rate(INTERNAL)
+    exempt = m[3].source_rate(EXEMPT)
     keys = {(k["key"], k["rule"]): k["connections"] for k in stat["keys"]}
     report = "%s\ndownloads port:\n%s\nservice port:\n%s\n%s\ninternal:\n%s\n" \
         "downloads: %s %.4f x, %s %.4f x; service together %.4f x; internal " \
-        "%.1f x\nstat keys: %s\nrules: %s" % (
+        "%.1f x; exempt %.1f x\nstat keys: %s\nrules: %s" % (
             server.title, m[0].report(), m[1].report(), m[2].report(),
             m[3].report(), A, rate_a / DOWNLOADS, B, rate_b / DOWNLOADS,
-            shared / SERVICE, free / DOWNLOADS, keys, stat["rules"])
+            shared / SERVICE, free / DOWNLOADS, exempt / DOWNLOADS, keys,
+            stat["rules"])
     print("\n" + report)
     assert not any(s.errors() for s in sets), report
     # Each downloads client at its own 500k, the same client under the
@@ -98,6 +103,7 @@ def test_two_rules_an_exempt_client_and_a_shared_cap_at_once(
     assert harness.within(rate_b, DOWNLOADS, TOLERANCE), report
     assert harness.within(shared, SERVICE, TOLERANCE), report
     assert free > UNLIMITED_FACTOR * DOWNLOADS, report
+    assert exempt > UNLIMITED_FACTOR * DOWNLOADS, report
     assert keys == {(A, "downloads"): 2, (B, "downloads"): 1,
                     ("all", "service"): 3}, report
     assert [(r["name"], r["rate"], r["key"]) for r in stat["rules"]] == [
@@ -166,3 +172,66 @@ def test_check_and_run_refuse_a_rule_that_can_never_match(workdir, cli):
     assert ok.returncode == 0, report
     assert "1. [api] (line 1)" in ok.stdout and "2. [all] (line 4)" in ok.stdout, \
         report
+
+
+def test_reload_applies_the_changed_file_without_a_signal(
+        servers, lib_env, zone, workdir):
+    server = two_port_nginx(servers, lib_env(), workdir)
+    before = harness.DownloadSet(server.p1, [A], duration=16.0)
+    after = harness.DownloadSet(server.p1, [B], duration=12.0)
+    one = harness.DownloadSet(server.p2, [C], duration=12.0)
+    running = [before.start()]
+    try:
+        assert before.wait_started(10.0), before.errors()
+        # A broken file: every process keeps its rules and says so.
+        server.rules.write_text("[downloads]\nrate = 2x\n")
+        broken = harness.run_cli("reload", "--zone", zone)
+        # (Each process with a watcher running reads it: here the worker
+        # serving the download; one that has served nothing yet reads the
+        # file when it first accepts, before classifying that connection.)
+        harness.wait_for(lambda: any("reload:" in line for line in
+                                     server.trafficrate_lines()), 5.0)
+        # The downloads rule at 1m now, and a new rule for one client of the
+        # service port, ahead of the service's.
+        server.rules.write_text(RULES.format(
+            internal=INTERNAL, exempt=EXEMPT, p1=server.p1, p2=server.p2).replace(
+                "rate    = 500k", "rate    = 1m").replace(
+                "# The whole service", "[one]\nlisten = %d\nclients = %s\n"
+                "rate = 200k\n\n# The whole service" % (server.p2, C)))
+        checked = harness.run_cli("reload", "--zone", zone, "--config",
+                                  server.rules)
+        harness.wait_for(lambda: any("reload: 4 rule(s)" in line for line in
+                                     server.trafficrate_lines()), 5.0)
+        for s in (after, one):
+            running.append(s.start())
+        started = [s.wait_started(10.0) for s in (after, one)]
+        assert all(started), [s.errors() for s in (before, after, one)]
+        t0 = max(started) + 2.0
+        t1 = t0 + 8.0
+        time.sleep(max(0.0, t1 + 0.1 - time.monotonic()))
+        stat = harness.stat_json(zone)
+        m = [s.measure(t0, t1) for s in (before, after, one)]
+    finally:
+        for s in running:
+            s.stop()
+        for s in running:
+            s.join(10.0)
+    lines = server.trafficrate_lines()
+    report = "%s\nreload of a broken file: rc %d %s\nreload --config: rc %d " \
+        "%s %s\nlog:\n%s\nexisting download:\n%s\nnew download:\n%s\nnew " \
+        "rule:\n%s\nrules: %s\nkeys: %s" % (
+            server.title, broken.returncode, broken.stdout, checked.returncode,
+            checked.stdout, checked.stderr, "\n".join(lines), m[0].report(),
+            m[1].report(), m[2].report(), stat["rules"],
+            [(k["key"], k["rule"]) for k in stat["keys"]])
+    print("\n" + report)
+    assert broken.returncode == 0 and checked.returncode == 0, report
+    assert any("the rules in force stay" in line for line in lines), report
+    # The existing connection kept its rule, whose rate is now 1m; the new
+    # one from another client got it too; the new rule governs its client.
+    assert harness.within(m[0].source_rate(A), 2 * DOWNLOADS, TOLERANCE), report
+    assert harness.within(m[1].source_rate(B), 2 * DOWNLOADS, TOLERANCE), report
+    assert harness.within(m[2].source_rate(C), 200 * 1024, TOLERANCE), report
+    assert ("one", 200 * 1024) in [(r["name"], r["rate"]) for r in stat["rules"]], \
+        report
+    assert (C, "one") in [(k["key"], k["rule"]) for k in stat["keys"]], report
