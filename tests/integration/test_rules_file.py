@@ -8,6 +8,7 @@ Rates are measured by the clients (harness.Download); run with -s to see
 the figures, which are in every assertion message too.
 """
 
+import subprocess
 import time
 
 import harness
@@ -235,3 +236,34 @@ def test_reload_applies_the_changed_file_without_a_signal(
     assert ("one", 200 * 1024) in [(r["name"], r["rate"]) for r in stat["rules"]], \
         report
     assert (C, "one") in [(k["key"], k["rule"]) for k in stat["keys"]], report
+
+
+def test_a_bad_rules_file_leaves_the_server_unpaced_and_says_where(
+        servers, lib_env, workdir):
+    rules = workdir / "bad.conf"
+    rules.write_text("[downloads]\nlisten = 80\nrate = 500k\nburst = 1\n")
+    server = servers.nginx(env=dict(lib_env(), TRAFFICRATE_CONFIG=str(rules)),
+                           workers=2)
+    free = harness.run_downloads(server.port, [A], warmup=0.5, window=2.0,
+                                 repeat=True)
+    lines = server.trafficrate_lines()
+    report = "%s\n%s\nlog: %s" % (server.title, free.report(), lines)
+    print("\n" + report)
+    assert free.source_rate(A) > UNLIMITED_FACTOR * DOWNLOADS, report
+    assert any(line.startswith("trafficrate: TRAFFICRATE_CONFIG: %s:4:9: "
+                               "burst: " % rules) and
+               line.endswith("the server runs unpaced") for line in lines), report
+
+
+def test_run_gives_the_library_the_rules_file_by_its_absolute_path(
+        workdir, cli):
+    (workdir / "good.conf").write_text("[all]\nrate = 1m\n")
+    out = subprocess.run(
+        [str(cli), "run", "--config", "good.conf", "--library",
+         str(harness.library_path()),
+         "--", "/bin/sh", "-c", 'echo "$TRAFFICRATE_CONFIG"'],
+        cwd=workdir, capture_output=True, text=True, timeout=10,
+        env=harness.server_environment({}))
+    report = "rc %d\n%s%s" % (out.returncode, out.stdout, out.stderr)
+    assert out.returncode == 0, report
+    assert out.stdout.strip() == str(workdir / "good.conf"), report
