@@ -4,6 +4,8 @@
 // alone, and `trafficrate reload` (the zone's rules_generation) makes the
 // watcher read the file again. Real loopback sockets, as in governor_test.cc.
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +32,12 @@ using testing_util::Pacing;
 using GovernorRulesTest = testing_util::GovernorFixture;
 
 constexpr uint64_t kNotPaced = ~uint64_t{0};
+
+// Bytes still queued in a socket.
+int Outq(int fd) {
+  int queued = -1;
+  return ioctl(fd, SIOCOUTQ, &queued) == 0 ? queued : -1;
+}
 
 std::vector<Rule> Rules(const std::string& text) {
   absl::StatusOr<RulesFile> file = ParseRulesText("t.rules", text);
@@ -94,6 +102,28 @@ TEST_F(GovernorRulesTest, FirstMatchingRuleDecidesAndPacesAtItsRate) {
   zone_->SetRuleRate(api, 600000);
   EXPECT_TRUE(PacingBecomes(a.server, 300000));
   EXPECT_EQ(Pacing(vip.server), kRate);
+}
+
+TEST_F(GovernorRulesTest, EachRuleHasItsOwnAfter) {
+  StartGovernor(FileOptions(
+      "", Rules("[late]\nclients = 127.0.0.2\nrate = 1000000\nafter = 3000\n"
+                "[prompt]\nrate = 400000\n")));
+  const Conn late = Open("127.0.0.2");
+  const Conn prompt = Open("127.0.0.3");
+  ASSERT_GE(late.server, 0);
+  ASSERT_GE(prompt.server, 0);
+  // prompt joins at its first send; late only once 3000 bytes have left it.
+  EXPECT_EQ(Send(prompt.server, 1000), 1000);
+  EXPECT_EQ(Active(prompt.server), 1u);
+  EXPECT_EQ(Pacing(prompt.server), 400000u);
+  EXPECT_EQ(Send(late.server, 2000), 2000);
+  EXPECT_EQ(Active(late.server), 0u);
+  EXPECT_EQ(Pacing(late.server), kNotPaced);
+  EXPECT_EQ(Send(late.server, 1500), 1500);
+  ASSERT_TRUE(testing_util::PollUntil([&] { return Outq(late.server) == 0; }));
+  gov_->BeforeSend(late.server);
+  EXPECT_EQ(Active(late.server), 1u);
+  EXPECT_EQ(Pacing(late.server), kRate);
 }
 
 TEST_F(GovernorRulesTest, ReloadReadsTheFileAgainForNewConnections) {

@@ -18,7 +18,8 @@ UNLIMITED_FACTOR = 20  # "unpaced" means at least this many times the rate
 DOWNLOADS = 512000     # B/s per client on the downloads port (500k)
 SERVICE = 1 << 20      # B/s for all clients of the service port together (1m)
 A, B, C = "127.0.0.2", "127.0.0.3", "127.0.0.4"
-INTERNAL = "127.0.0.9"
+INTERNAL_NET = "127.0.9.0/24"  # the internal network, never paced
+INTERNAL = "127.0.9.7"
 EXEMPT = "127.0.0.8"  # the downloads rule's exempt client
 V6_HOST = "::1"
 
@@ -48,7 +49,7 @@ def two_port_nginx(servers, env, workdir):
     while p2 == p1:
         p2 = harness.free_port()
     rules = workdir / "rules.conf"
-    rules.write_text(RULES.format(internal=INTERNAL, exempt=EXEMPT, p1=p1,
+    rules.write_text(RULES.format(internal=INTERNAL_NET, exempt=EXEMPT, p1=p1,
                                   p2=p2))
     server = servers.nginx(
         env=dict(env, TRAFFICRATE_CONFIG=str(rules)), workers=2, port=p1,
@@ -195,7 +196,8 @@ def test_reload_applies_the_changed_file_without_a_signal(
         # The downloads rule at 1m now, and a new rule for one client of the
         # service port, ahead of the service's.
         server.rules.write_text(RULES.format(
-            internal=INTERNAL, exempt=EXEMPT, p1=server.p1, p2=server.p2).replace(
+            internal=INTERNAL_NET, exempt=EXEMPT, p1=server.p1,
+            p2=server.p2).replace(
                 "rate    = 500k", "rate    = 1m").replace(
                 "# The whole service", "[one]\nlisten = %d\nclients = %s\n"
                 "rate = 200k\n\n# The whole service" % (server.p2, C)))
