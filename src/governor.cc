@@ -171,6 +171,11 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
 
 Governor::~Governor() {
   StopWatcher();
+  for (const RuleTable* t = rule_table_.exchange(nullptr); t != nullptr;) {
+    const RuleTable* previous = t->previous;
+    delete t;
+    t = previous;
+  }
   ReleaseKeptDrains();
   UnmapPrivateArray(local_, zone_->conn_capacity());
   UnmapPrivateArray(key_local_, zone_->key_capacity());
@@ -462,7 +467,8 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
     table->after_by_rule[slot] = rule.after_bytes;
     table->max_after = std::max(table->max_after, rule.after_bytes);
   }
-  // Never freed: see RuleTable.
+  // The one before stays readable: see RuleTable.
+  table->previous = rule_table_.load(std::memory_order_acquire);
   rule_table_.store(table.release(), std::memory_order_release);
   return true;
 }

@@ -65,12 +65,14 @@ struct GovernorOptions : WatcherTiming {
 // A rules file's rules as the accept path reads them, with the zone rule of
 // each (kNoRuleSlot: unlimited, or no zone rule was free) and each zone
 // rule's after. Immutable once published; a reload publishes another and
-// never frees the one before (an accept may still read it): a few KB each.
+// keeps the one before (an accept may still read it), a few KB each, until
+// the Governor is destroyed (tests; the library never destroys it).
 struct RuleTable {
   std::vector<Rule> rules;
   std::vector<uint32_t> slots;
   uint64_t after_by_rule[kZoneRules] = {};
   uint64_t max_after = 0;
+  const RuleTable* previous = nullptr;
 };
 
 class Governor {
