@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/zone_layout.h"
 
 namespace trafficrate {
 namespace {
@@ -158,6 +159,25 @@ TEST(ForOptionsTest, NamesTheOptionThatSetTheBadValue) {
             "--rate: \"12x\" is not a byte count");
   EXPECT_EQ(ForOptions(*p, "TRAFFICRATE_ZONE: bad"), "TRAFFICRATE_ZONE: bad")
       << "from the environment, not from an option";
+}
+
+}  // namespace
+}  // namespace trafficrate
+
+namespace trafficrate {
+namespace {
+
+TEST(VersionTextTest, NamesVersionLayoutFeaturesAndBuild) {
+  const std::string text = VersionText();
+  EXPECT_THAT(text,
+              ::testing::StartsWith(std::string("trafficrate ") +
+                                    TRAFFICRATE_VERSION + "\nzone layout " +
+                                    std::to_string(kZoneLayoutVersion) + " "));
+  EXPECT_THAT(text, HasSubstr("\nfeatures: shares equal and budget; rules "
+                              "files (TRAFFICRATE_CONFIG) with reload;"));
+  EXPECT_THAT(text, HasSubstr("\nbuild: "));
+  EXPECT_THAT(text, HasSubstr(", sanitizers "));
+  EXPECT_EQ(text.back(), '\n');
 }
 
 }  // namespace

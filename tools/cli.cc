@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "src/config.h"
+#include "src/zone_layout.h"
 
 extern char** environ;
 
@@ -53,6 +54,26 @@ constexpr ConfigOption kConfigOptions[] = {
 };
 
 }  // namespace
+
+std::string VersionText() {
+  const std::string sanitizers = TRAFFICRATE_SANITIZERS;
+  return absl::StrCat(
+      "trafficrate ", TRAFFICRATE_VERSION, "\n", "zone layout ",
+      kZoneLayoutVersion,
+      " (a zone of another layout is refused, never read)\n",
+      "features: shares equal and budget; rules files (TRAFFICRATE_CONFIG) "
+      "with reload; IPv4 and IPv6; passed (SCM_RIGHTS) and inherited "
+      "sockets; stat as a table, JSON and Prometheus\n",
+      "build: ", TRAFFICRATE_BUILD_TYPE, ", ",
+#if defined(__clang__)
+      "clang ", __clang_version__,
+#elif defined(__GNUC__)
+      "gcc ", __VERSION__,
+#else
+      "compiler unknown",
+#endif
+      ", sanitizers ", sanitizers.empty() ? "none" : sanitizers, "\n");
+}
 
 std::string ParsedArgs::Get(const std::string& name,
                             const std::string& fallback) const {
@@ -222,7 +243,7 @@ int CliMain(int argc, char** argv) {
   const std::string command = args.front();
   args.erase(args.begin());
   if (command == "--version" || command == "version") {
-    std::printf("trafficrate %s\n", TRAFFICRATE_VERSION);
+    std::fputs(VersionText().c_str(), stdout);
     return kExitOk;
   }
   if (command == "--help" || command == "-h" || command == "help") {

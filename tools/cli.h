@@ -65,6 +65,10 @@ std::map<std::string, std::string> TrafficrateEnvironment();
 
 int CliMain(int argc, char** argv);
 
+// What `trafficrate --version` prints: the version, the zone layout version
+// (zones of another layout are refused), the features and the build.
+std::string VersionText();
+
 // Subcommands (tools/commands.cc, tools/top.cc). `args` excludes the
 // subcommand's name.
 int RunCommand(const std::vector<std::string>& args);
