@@ -1111,11 +1111,11 @@ void Governor::ExpireIdle(int64_t now_ns) {
       continue;
     }
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
-    if (AnyAfter() && ConnValid(conn, state) &&
+    const uint64_t after = AnyAfter() ? AfterBytes(conn) : 0;
+    if (after > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
-        AfterBytes(conn) > 0 &&
-        conn.bytes_sent.load(std::memory_order_relaxed) >= AfterBytes(conn)) {
+        conn.bytes_sent.load(std::memory_order_relaxed) >= after) {
       // Queued past TRAFFICRATE_AFTER with no send since: join once sent.
       JoinSlow(fd, entry, state);
       continue;

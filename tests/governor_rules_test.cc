@@ -4,8 +4,6 @@
 // alone, and `trafficrate reload` (the zone's rules_generation) makes the
 // watcher read the file again. Real loopback sockets, as in governor_test.cc.
 
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,13 +29,8 @@ using testing_util::kRate;
 using testing_util::Pacing;
 using GovernorRulesTest = testing_util::GovernorFixture;
 
-constexpr uint64_t kNotPaced = ~uint64_t{0};
-
-// Bytes still queued in a socket.
-int Outq(int fd) {
-  int queued = -1;
-  return ioctl(fd, SIOCOUTQ, &queued) == 0 ? queued : -1;
-}
+using testing_util::kNotPaced;
+using testing_util::Outq;
 
 std::vector<Rule> Rules(const std::string& text) {
   absl::StatusOr<RulesFile> file = ParseRulesText("t.rules", text);

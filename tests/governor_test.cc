@@ -40,13 +40,8 @@ using testing_util::kRate;
 using testing_util::Pacing;
 using testing_util::PollUntil;
 
-constexpr uint64_t kNotPaced = ~uint64_t{0};  // a new socket's pacing
-
-int Outq(int fd) {
-  int queued = -1;
-  if (ioctl(fd, SIOCOUTQ, &queued) != 0) return -1;
-  return queued;
-}
+using testing_util::kNotPaced;
+using testing_util::Outq;
 
 using GovernorTest = testing_util::GovernorFixture;
 

@@ -9,10 +9,12 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -245,6 +247,16 @@ class ZoneFixture : public ZoneNameFixture {
 
 inline constexpr int64_t kLongIdleNs = 3600 * kNsPerSec;
 inline constexpr int kTableSize = 4096;
+
+// A new socket's SO_MAX_PACING_RATE: not paced.
+inline constexpr uint64_t kNotPaced = ~uint64_t{0};
+
+// Bytes still in the socket's send queue (SIOCOUTQ), or -1.
+inline int Outq(int fd) {
+  int queued = -1;
+  if (ioctl(fd, SIOCOUTQ, &queued) != 0) return -1;
+  return queued;
+}
 
 // The socket's SO_MAX_PACING_RATE, or 0 if it cannot be read.
 inline uint64_t Pacing(int fd) {

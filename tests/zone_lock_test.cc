@@ -35,7 +35,7 @@ using testing_util::ReadByte;
 using testing_util::WaitChild;
 using testing_util::WriteByte;
 
-constexpr uint64_t kNotPaced = ~uint64_t{0};
+using testing_util::kNotPaced;
 // Sanitizers slow everything down; these are upper bounds, not targets.
 constexpr int64_t kSlack = (kUnderTsan ? 200 : 50) * kNsPerMs;
 
