@@ -12,48 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "src/config.h"
 #include "src/zone_layout.h"
+#include "tools/manual.h"
 
 extern char** environ;
 
 namespace trafficrate {
-namespace {
-
-constexpr char kOverview[] =
-    R"(usage: trafficrate COMMAND [OPTIONS]
-
-Shares one download rate per client across every process of a TCP server
-(nginx, forking or threaded servers), by loading libtrafficrate.so into it.
-
-commands:
-  run     run a server with the library loaded and configured
-  check   validate a configuration and print what it means
-  stat    show a zone's clients, connections, shares and bytes
-  top     live view of the busiest clients
-  set     change a zone's rate (or one rule's) while its servers run
-  reload  make a zone's servers read their rules file again
-  gc      release the registrations of processes that died
-  rm      remove a zone
-
-`trafficrate COMMAND --help` describes each command.
-options: --help, --version
-exit status: 0 ok, 1 the operation failed, 2 usage error
-)";
-
-// Options shared by run and check, and the variable each one sets.
-struct ConfigOption {
-  const char* option;
-  const char* variable;
-};
-constexpr ConfigOption kConfigOptions[] = {
-    {"--rate", kEnvRate},   {"--key", kEnvKey},
-    {"--zone", kEnvZone},   {"--zone-size", kEnvZoneSize},
-    {"--idle", kEnvIdle},   {"--log", kEnvLog},
-    {"--ports", kEnvPorts}, {"--exempt", kEnvExempt},
-    {"--after", kEnvAfter}, {"--share", kEnvShare},
-    {"--burst", kEnvBurst}, {"--config", kEnvConfig},
-};
-
-}  // namespace
+namespace {}  // namespace
 
 std::string VersionText() {
   const std::string sanitizers = TRAFFICRATE_SANITIZERS;
@@ -141,11 +105,10 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
 std::map<std::string, std::string> ConfigEnvironment(
     const ParsedArgs& args, const std::map<std::string, std::string>& base) {
   std::map<std::string, std::string> env = base;
-  for (const ConfigOption& o : kConfigOptions) {
-    if (args.Has(o.option)) env[o.variable] = args.Get(o.option, "");
+  for (const VariableDoc& v : VariableDocs()) {
+    if (v.option == nullptr || !args.Has(v.option)) continue;
+    env[v.variable] = *v.arg == '\0' ? v.switch_value : args.Get(v.option, "");
   }
-  if (args.Has("--strict")) env[kEnvStrict] = "1";
-  if (args.Has("--no-inherited")) env[kEnvInherited] = "0";
   // --config FILE may be relative to here; the server may chdir, so the
   // library gets it absolute (TRAFFICRATE_CONFIG must be).
   if (const std::string file = args.Get("--config", "");
@@ -159,10 +122,11 @@ std::map<std::string, std::string> ConfigEnvironment(
 }
 
 std::string ForOptions(const ParsedArgs& args, std::string message) {
-  for (const ConfigOption& o : kConfigOptions) {
-    const std::string prefix = absl::StrCat(o.variable, ": ");
-    if (args.Has(o.option) && absl::StartsWith(message, prefix)) {
-      return absl::StrCat(o.option, ": ", message.substr(prefix.size()));
+  for (const VariableDoc& v : VariableDocs()) {
+    const std::string prefix = absl::StrCat(v.variable, ": ");
+    if (v.option != nullptr && args.Has(v.option) &&
+        absl::StartsWith(message, prefix)) {
+      return absl::StrCat(v.option, ": ", message.substr(prefix.size()));
     }
   }
   return message;
@@ -195,15 +159,19 @@ int Failure(const std::string& text) {
 }
 
 bool Parse(const char* command, const std::vector<std::string>& args,
-           absl::Span<const OptionSpec> specs, bool allow_command,
-           const std::string& help, ParsedArgs* out, int* exit_code) {
+           bool allow_command, ParsedArgs* out, int* exit_code) {
+  const CommandDoc* doc = FindCommandDoc(command);
+  std::vector<OptionSpec> specs;
+  for (const OptionDoc& o : doc->options) {
+    specs.push_back({o.flag, *o.arg != '\0'});
+  }
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, specs, allow_command);
   if (!parsed.ok()) {
     *exit_code = UsageError(command, std::string(parsed.status().message()));
     return false;
   }
   if (parsed->help) {
-    std::fputs(help.c_str(), stdout);
+    std::fputs(CommandHelp(*doc).c_str(), stdout);
     *exit_code = kExitOk;
     return false;
   }
@@ -234,10 +202,39 @@ bool NoPositionals(const char* command, const ParsedArgs& args,
   return false;
 }
 
+int HelpCommand(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::fputs(OverviewHelp().c_str(), stdout);
+    return kExitOk;
+  }
+  if (args[0] == "--help" || args[0] == "-h") {
+    std::fputs(CommandHelp(*FindCommandDoc("help")).c_str(), stdout);
+    return kExitOk;
+  }
+  if (args.size() > 1) {
+    return UsageError("help",
+                      absl::StrCat("unexpected argument \"", args[1], "\""));
+  }
+  if (const CommandDoc* doc = FindCommandDoc(args[0]); doc != nullptr) {
+    std::fputs(CommandHelp(*doc).c_str(), stdout);
+    return kExitOk;
+  }
+  if (const TopicDoc* topic = FindTopicDoc(args[0]); topic != nullptr) {
+    std::fputs(TopicHelp(*topic).c_str(), stdout);
+    return kExitOk;
+  }
+  std::string topics;
+  for (const TopicDoc& t : TopicDocs()) {
+    absl::StrAppend(&topics, topics.empty() ? "" : ", ", t.topic);
+  }
+  return UsageError("help", absl::StrCat("no command or topic \"", args[0],
+                                         "\"; the topics are ", topics));
+}
+
 int CliMain(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
-    std::fputs(kOverview, stderr);
+    std::fputs(OverviewHelp().c_str(), stderr);
     return kExitUsage;
   }
   const std::string command = args.front();
@@ -246,8 +243,8 @@ int CliMain(int argc, char** argv) {
     std::fputs(VersionText().c_str(), stdout);
     return kExitOk;
   }
-  if (command == "--help" || command == "-h" || command == "help") {
-    std::fputs(kOverview, stdout);
+  if (command == "--help" || command == "-h") {
+    std::fputs(OverviewHelp().c_str(), stdout);
     return kExitOk;
   }
   struct Command {
@@ -257,7 +254,7 @@ int CliMain(int argc, char** argv) {
   static constexpr Command kCommands[] = {
       {"run", RunCommand}, {"check", CheckCommand},   {"stat", StatCommand},
       {"top", TopCommand}, {"set", SetCommand},       {"gc", GcCommand},
-      {"rm", RmCommand},   {"reload", ReloadCommand},
+      {"rm", RmCommand},   {"reload", ReloadCommand}, {"help", HelpCommand},
   };
   for (const Command& c : kCommands) {
     if (command == c.name) return c.run(args);

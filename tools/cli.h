@@ -79,12 +79,14 @@ int SetCommand(const std::vector<std::string>& args);
 int GcCommand(const std::vector<std::string>& args);
 int RmCommand(const std::vector<std::string>& args);
 int ReloadCommand(const std::vector<std::string>& args);
+int HelpCommand(const std::vector<std::string>& args);
 
-// Parses a subcommand's arguments. Returns true to go on; false when it
-// printed `help` (asked for, *exit_code 0) or a usage error (*exit_code 2).
+// Parses a subcommand's arguments, whose options are those its
+// documentation gives (tools/manual.h: an option with an argument takes a
+// value). Returns true to go on; false when it printed the command's help
+// (asked for, *exit_code 0) or a usage error (*exit_code 2).
 bool Parse(const char* command, const std::vector<std::string>& args,
-           absl::Span<const OptionSpec> specs, bool allow_command,
-           const std::string& help, ParsedArgs* out, int* exit_code);
+           bool allow_command, ParsedArgs* out, int* exit_code);
 // The zone to read: --zone, else $TRAFFICRATE_ZONE, else "default",
 // validated; false with a usage error (*exit_code 2) if invalid.
 bool ZoneName(const char* command, const ParsedArgs& args, std::string* zone,

@@ -26,141 +26,6 @@
 namespace trafficrate {
 namespace {
 
-constexpr OptionSpec kConfigSpecs[] = {
-    {"--rate", true},          {"--key", true},     {"--zone", true},
-    {"--zone-size", true},     {"--idle", true},    {"--log", true},
-    {"--ports", true},         {"--exempt", true},  {"--after", true},
-    {"--share", true},         {"--burst", true},   {"--strict", false},
-    {"--no-inherited", false}, {"--library", true}, {"--config", true},
-};
-
-constexpr char kConfigOptionsHelp[] =
-    R"(  --rate R        per-client rate in bytes/s; k = x1024, m = x1024^2
-                  (TRAFFICRATE_RATE)
-  --key K         peer | peer/N | peer/N,M | local | all (TRAFFICRATE_KEY)
-  --zone NAME     zone name (TRAFFICRATE_ZONE, default "default")
-  --zone-size S   zone size, e.g. 32m (TRAFFICRATE_ZONE_SIZE, default 1m)
-  --idle D        a connection idle this long stops taking a share, e.g.
-                  200ms (TRAFFICRATE_IDLE)
-  --log L         stderr | syslog | off | /path (TRAFFICRATE_LOG)
-  --ports P       only govern connections accepted on these local ports,
-                  e.g. 80,443 (TRAFFICRATE_PORTS)
-  --exempt C      never govern these clients, e.g. 10.0.0.0/8,::1
-                  (TRAFFICRATE_EXEMPT)
-  --after N       bytes each connection sends before pacing starts, e.g.
-                  1m (TRAFFICRATE_AFTER)
-  --share M       equal: rate/active per sending connection, always (the
-                  default); budget: a shared byte budget per client, measured
-                  across processes, no cap while the client is under its rate
-                  (TRAFFICRATE_SHARE)
-  --burst N       budget mode: unused allowance a client may bank, e.g. 64k
-                  (TRAFFICRATE_BURST, default 50 ms of the rate, >= 16k)
-  --strict        a bad configuration stops the server at start-up
-                  (TRAFFICRATE_STRICT=1)
-  --no-inherited  leave alone the client connections the server inherits at
-                  start-up (inetd, systemd Accept=yes), which are governed
-                  by default (TRAFFICRATE_INHERITED=0)
-  --config FILE   a rules file: named rules, each with its own listen ports,
-                  clients, exempt, key, rate, after and burst, in place of
-                  --rate, --key, --ports, --exempt, --after and --burst
-                  (TRAFFICRATE_CONFIG; see README, "Rules file")
-)";
-
-const std::string kRunHelp = absl::StrCat(
-    R"(usage: trafficrate run [OPTIONS] -- COMMAND [ARGS...]
-
-Runs COMMAND with libtrafficrate.so preloaded (LD_PRELOAD) and configured:
-every connection it accepts shares its client's rate with that client's other
-connections, across all of the server's processes. Options set the
-TRAFFICRATE_* variables; variables already set are kept unless an option
-overrides them. A rate (or a rules file, --config) is required; a rules file
-with a rule that can never match is refused.
-
-)",
-    kConfigOptionsHelp,
-    R"(  --library P     the libtrafficrate.so to load (default: ../lib/ beside
-                  this program, or this program's directory)
-
-example: trafficrate run --rate 500k -- nginx -g 'daemon off;'
-)");
-
-const std::string kCheckHelp = absl::StrCat(
-    R"(usage: trafficrate check [OPTIONS]
-
-Validates the configuration a server would get (the TRAFFICRATE_* variables
-of this environment, overridden by the options) and prints what it means;
-with a rules file (--config), its rules in the order the library applies
-them. Exits 1 with the library's own message if it is invalid, or with a
-warning naming both rules if a rule can never match (an earlier one takes
-every connection it would).
-
-)",
-    kConfigOptionsHelp);
-
-constexpr char kStatHelp[] =
-    R"(usage: trafficrate stat [--zone NAME] [--json | --prometheus] [--top N]
-                        [--sort active|bytes]
-
-Shows a zone: its rate and capacity, and per client key the active (sending)
-and registered connections, the current share of each sending connection,
-bytes sent, connections served and last activity.
-
-  --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
-  --json          one JSON document (exact figures; see README)
-  --prometheus    Prometheus text exposition (trafficrate_* metrics)
-  --top N         only the N first keys
-  --sort S        active (default: most sending connections first) or bytes
-)";
-
-constexpr char kSetHelp[] =
-    R"(usage: trafficrate set [--zone NAME] [--rule NAME] RATE
-
-Changes a running zone's per-client rate, e.g. `trafficrate set 1m`. Every
-server process applies it to its sending connections within milliseconds. A
-server started later with TRAFFICRATE_RATE (or a rules file) sets the rates
-again. A zone whose server has a rules file takes the rule to change.
-
-  --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
-  --rule NAME     the rule of the rules file whose rate to change
-)";
-
-constexpr char kReloadHelp[] =
-    R"(usage: trafficrate reload [--zone NAME] [--config FILE]
-
-Makes every server process of a zone read its rules file (TRAFFICRATE_CONFIG)
-again, without signalling it: the connections each accepts from then on
-follow the new rules; existing connections keep their rule, whose rate the
-file may change. A rule keeps its place by name; a new one takes a free one
-of the zone's 16. A process that cannot read the file logs one line and
-keeps the rules in force.
-
-  --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
-  --config FILE   check FILE first (it should be the servers' file) and
-                  reload only if it is valid and every rule can match
-)";
-
-constexpr char kGcHelp[] =
-    R"(usage: trafficrate gc [--zone NAME]
-
-Releases the connections registered by processes that died without closing
-them (killed with SIGKILL, crashed). Live server processes do this by
-themselves within a second; gc is for a zone no live process watches.
-
-  --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
-)";
-
-constexpr char kRmHelp[] =
-    R"(usage: trafficrate rm [--zone NAME] [--force]
-
-Removes a zone (/dev/shm/trafficrate.NAME). Refused while live processes are
-registered in it, unless --force: they keep using it until they exit, and
-servers started afterwards create a new, separate zone. A corrupt zone (see
-stat) is removed without --force: its processes pass through already.
-
-  --zone NAME     the zone (default: $TRAFFICRATE_ZONE, else "default")
-  --force         remove it even though processes use it
-)";
-
 // Names the zone and attaches to it (never creates one).
 bool OpenZone(const char* command, const ParsedArgs& args,
               std::unique_ptr<Zone>* zone, int* exit_code) {
@@ -175,18 +40,28 @@ bool OpenZone(const char* command, const ParsedArgs& args,
   return true;
 }
 
-// The library beside this program: <prefix>/bin/trafficrate ->
-// <prefix>/lib/libtrafficrate.so, or the build tree's own directory.
+// The installed library, found from this program's place so that an
+// unpacked or relocated tree finds its own: <bindir>/<the configured libdir
+// relative to bindir> (../lib/x86_64-linux-gnu with the prefix /usr),
+// <prefix>/lib, the build tree's own directory, and last the configured
+// library directory itself.
 std::string FindLibrary() {
+  std::vector<std::string> candidates;
   char exe[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n <= 0) return "";
-  exe[n] = '\0';
-  std::string dir(exe);
-  dir.resize(dir.rfind('/'));
-  for (const std::string& candidate :
-       {absl::StrCat(dir, "/../lib/libtrafficrate.so"),
-        absl::StrCat(dir, "/libtrafficrate.so")}) {
+  if (n > 0) {
+    exe[n] = '\0';
+    std::string dir(exe);
+    dir.resize(dir.rfind('/'));
+    candidates = {
+        absl::StrCat(dir, "/", TRAFFICRATE_LIBDIR_FROM_BINDIR,
+                     "/libtrafficrate.so"),
+        absl::StrCat(dir, "/../lib/libtrafficrate.so"),
+        absl::StrCat(dir, "/libtrafficrate.so"),
+    };
+  }
+  candidates.push_back(TRAFFICRATE_LIBRARY_PATH);
+  for (const std::string& candidate : candidates) {
     char resolved[PATH_MAX];
     if (realpath(candidate.c_str(), resolved) != nullptr) return resolved;
   }
@@ -217,7 +92,7 @@ absl::StatusOr<Config> ParseEnvironment(
 int RunCommand(const std::vector<std::string>& raw) {
   ParsedArgs args;
   int rc = kExitOk;
-  if (!Parse("run", raw, kConfigSpecs, true, kRunHelp, &args, &rc) ||
+  if (!Parse("run", raw, true, &args, &rc) ||
       !NoPositionals("run", args, &rc)) {
     return rc;
   }
@@ -384,7 +259,7 @@ void AppendSharedSettings(const Config& config, std::string* out) {
 int CheckCommand(const std::vector<std::string>& raw) {
   ParsedArgs args;
   int rc = kExitOk;
-  if (!Parse("check", raw, kConfigSpecs, false, kCheckHelp, &args, &rc) ||
+  if (!Parse("check", raw, false, &args, &rc) ||
       !NoPositionals("check", args, &rc)) {
     return rc;
   }
@@ -436,15 +311,11 @@ int CheckCommand(const std::vector<std::string>& raw) {
 }
 
 int StatCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {
-      {"--zone", true}, {"--json", false}, {"--prometheus", false},
-      {"--top", true},  {"--sort", true},
-  };
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
   StatOptions options;
-  if (!Parse("stat", raw, kSpecs, false, kStatHelp, &args, &rc) ||
+  if (!Parse("stat", raw, false, &args, &rc) ||
       !NoPositionals("stat", args, &rc)) {
     return rc;
   }
@@ -473,11 +344,10 @@ int StatCommand(const std::vector<std::string>& raw) {
 }
 
 int SetCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {{"--zone", true}, {"--rule", true}};
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
-  if (!Parse("set", raw, kSpecs, false, kSetHelp, &args, &rc)) return rc;
+  if (!Parse("set", raw, false, &args, &rc)) return rc;
   if (args.positional.size() != 1) {
     return UsageError("set", "give one RATE, e.g. trafficrate set 1m");
   }
@@ -528,11 +398,10 @@ int SetCommand(const std::vector<std::string>& raw) {
 }
 
 int ReloadCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {{"--zone", true}, {"--config", true}};
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
-  if (!Parse("reload", raw, kSpecs, false, kReloadHelp, &args, &rc) ||
+  if (!Parse("reload", raw, false, &args, &rc) ||
       !NoPositionals("reload", args, &rc)) {
     return rc;
   }
@@ -560,12 +429,11 @@ int ReloadCommand(const std::vector<std::string>& raw) {
 }
 
 int GcCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {{"--zone", true}};
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
-  if (!Parse("gc", raw, kSpecs, false, kGcHelp, &args, &rc) ||
-      !NoPositionals("gc", args, &rc) || !OpenZone("gc", args, &zone, &rc)) {
+  if (!Parse("gc", raw, false, &args, &rc) || !NoPositionals("gc", args, &rc) ||
+      !OpenZone("gc", args, &zone, &rc)) {
     return rc;
   }
   uint32_t procs = 0;
@@ -576,13 +444,12 @@ int GcCommand(const std::vector<std::string>& raw) {
 }
 
 int RmCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {{"--zone", true}, {"--force", false}};
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
   int rc = kExitOk;
   std::string name;
-  if (!Parse("rm", raw, kSpecs, false, kRmHelp, &args, &rc) ||
-      !NoPositionals("rm", args, &rc) || !ZoneName("rm", args, &name, &rc)) {
+  if (!Parse("rm", raw, false, &args, &rc) || !NoPositionals("rm", args, &rc) ||
+      !ZoneName("rm", args, &name, &rc)) {
     return rc;
   }
   absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(name);
@@ -594,6 +461,22 @@ int RmCommand(const std::vector<std::string>& raw) {
     std::printf(
         "removed corrupt zone %s (/dev/shm%s); servers still using it pass "
         "through unpaced until they restart\n",
+        name.c_str(), ZoneShmName(name).c_str());
+    return kExitOk;
+  }
+  if (!attached.ok() && Zone::IsOtherLayout(attached.status())) {
+    // Its process table cannot be read: only the operator knows whether the
+    // servers of the other version have stopped (an upgrade).
+    if (!args.Has("--force")) {
+      return Failure(
+          absl::StrCat("rm: ", attached.status().message(),
+                       " (its processes cannot be listed by this version)"));
+    }
+    const absl::Status removed = Zone::Unlink(name);
+    if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
+    std::printf(
+        "removed zone %s (/dev/shm%s) of another trafficrate version; "
+        "servers still using it keep it until they exit\n",
         name.c_str(), ZoneShmName(name).c_str());
     return kExitOk;
   }

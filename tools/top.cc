@@ -29,17 +29,6 @@
 namespace trafficrate {
 namespace {
 
-constexpr char kTopHelp[] =
-    R"(usage: trafficrate top [--zone NAME] [--interval SECONDS]
-
-A live view of the zone's busiest clients: each key's rate over the last
-interval against the zone's rate (a bar), its sending and registered
-connections and its share. Press q (or Ctrl-C) to quit.
-
-  --zone NAME       the zone (default: $TRAFFICRATE_ZONE, else "default")
-  --interval S      seconds between refreshes, 0.2 to 60 (default 1)
-)";
-
 std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
@@ -177,12 +166,10 @@ std::string FormatTopFrame(const ZoneSnapshot& now, const ZoneSnapshot* before,
 }
 
 int TopCommand(const std::vector<std::string>& raw) {
-  static constexpr OptionSpec kSpecs[] = {{"--zone", true},
-                                          {"--interval", true}};
   ParsedArgs args;
   std::string name;
   int rc = kExitOk;
-  if (!Parse("top", raw, kSpecs, false, kTopHelp, &args, &rc) ||
+  if (!Parse("top", raw, false, &args, &rc) ||
       !NoPositionals("top", args, &rc) || !ZoneName("top", args, &name, &rc)) {
     return rc;
   }

@@ -1,0 +1,758 @@
+#include "tools/manual.h"
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "src/zone_layout.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr char kZoneOptionText[] =
+    "the zone (default: $TRAFFICRATE_ZONE, else \"default\")";
+
+constexpr char kSummary[] =
+    "share one download rate per client across a TCP server's processes";
+
+// What `trafficrate --help` and DESCRIPTION in trafficrate(1) say first.
+const std::vector<const char*>& OverviewParagraphs() {
+  static const auto* const kParagraphs = new std::vector<const char*>{
+      "Shares one download rate per client across every process of a TCP "
+      "server (nginx, Apache, forking or threaded servers, anything that "
+      "calls libc), by loading libtrafficrate.so into it (LD_PRELOAD). The "
+      "library is configured by TRAFFICRATE_* variables (trafficrate(7), "
+      "`trafficrate help environment`); the command starts servers with it "
+      "and shows and changes what it does.",
+  };
+  return *kParagraphs;
+}
+
+std::vector<VariableDoc>* MakeVariableDocs() {
+  return new std::vector<VariableDoc>{
+      {"TRAFFICRATE_RATE", "--rate", "R", "",
+       "per-client rate in bytes/s; k = x1024, m = x1024^2",
+       "The rate each client key shares among its sending connections, in "
+       "bytes per second: an integer from 1 to 1048576m, optionally followed "
+       "by k (x1024) or m (x1024^2), as nginx counts. Unset (and no "
+       "TRAFFICRATE_CONFIG): the library does nothing.",
+       ""},
+      {"TRAFFICRATE_KEY", "--key", "K", "",
+       "peer | peer/N | peer/N,M | local | all",
+       "What makes a client: `peer` (the client's IP address; an "
+       "IPv4-mapped IPv6 address counts as IPv4), `peer/24` or `peer/24,64` "
+       "(the client's network, IPv4 and IPv6 prefix lengths), `local` (the "
+       "server's address and port) or `all` (one bucket for every client).",
+       "peer"},
+      {"TRAFFICRATE_ZONE", "--zone", "NAME", "", "zone name",
+       "The zone's name: the shared memory object /dev/shm/trafficrate.NAME "
+       "that every process of the server (and the trafficrate command) "
+       "shares; 1 to 64 of A-Z a-z 0-9 _ . -.",
+       "\"default\""},
+      {"TRAFFICRATE_ZONE_SIZE", "--zone-size", "S", "", "zone size, e.g. 32m",
+       "The zone's size, with k, m or g, 64k to 1g; it bounds how many keys, "
+       "connections and processes the zone holds (`trafficrate check` says "
+       "how many). Used by the process that creates the zone.",
+       "1m"},
+      {"TRAFFICRATE_IDLE", "--idle", "D", "",
+       "a connection idle this long stops taking a share, e.g. 200ms",
+       "A connection that has not written for this long and has an empty "
+       "send queue stops taking a share until it writes again: 200ms, 1s; a "
+       "plain number is milliseconds; 1ms to 60s.",
+       "200ms"},
+      {"TRAFFICRATE_LOG", "--log", "L", "", "stderr | syslog | off | /path",
+       "Where the library's one-line messages go: `stderr`, `syslog` "
+       "(identifier trafficrate, facility daemon; see LOGGING), `off`, or an "
+       "absolute file path (appended to). Start-up errors also go to stderr.",
+       "stderr"},
+      {"TRAFFICRATE_PORTS", "--ports", "P", "",
+       "only govern connections accepted on these local ports, e.g. 80,443",
+       "A comma list of local ports or ranges (80,443,8000-8099) whose "
+       "accepted connections are governed; other connections pass through "
+       "untouched.",
+       "every port"},
+      {"TRAFFICRATE_EXEMPT", "--exempt", "C", "",
+       "never govern these clients, e.g. 10.0.0.0/8,::1",
+       "A comma list of up to 64 client addresses or networks never "
+       "governed (10.0.0.0/8,127.0.0.3,2001:db8::/32); an IPv4 entry also "
+       "matches its IPv4-mapped IPv6 form.",
+       "none"},
+      {"TRAFFICRATE_AFTER", "--after", "N", "",
+       "bytes each connection sends before pacing starts, e.g. 1m",
+       "Bytes each connection sends before it is paced and takes a share "
+       "(nginx's limit_rate_after, but per connection, not per request), "
+       "counted once they have left the socket; k, m or g, 0 to 1024g.",
+       "0"},
+      {"TRAFFICRATE_SHARE", "--share", "M", "",
+       "equal: rate/active per sending connection, always; budget: a shared "
+       "byte budget per client, measured across processes, no cap while the "
+       "client is under its rate",
+       "`equal`: each sending connection is paced at rate / active, always. "
+       "`budget`: a byte budget per key shared across processes and measured "
+       "from what really leaves the sockets, so a connection that sends less "
+       "than its share leaves the rest to the others and nothing is capped "
+       "while the key is under its rate.",
+       "equal"},
+      {"TRAFFICRATE_BURST", "--burst", "N", "",
+       "budget mode: unused allowance a client may bank, e.g. 64k",
+       "Budget mode only: how much unused allowance a key may bank while "
+       "under its rate; k, m or g, 1k to 1g.",
+       "50 ms of the rate, at least 16k"},
+      {"TRAFFICRATE_STRICT", "--strict", "", "1",
+       "a bad configuration stops the server at start-up",
+       "`1`: a bad configuration or zone makes the process exit with status "
+       "1 at start-up. `0`: it logs one line and runs unpaced, exactly as "
+       "without the library.",
+       "0"},
+      {"TRAFFICRATE_INHERITED", "--no-inherited", "", "0",
+       "leave alone the client connections the server inherits at start-up "
+       "(inetd, systemd Accept=yes), which are governed by default",
+       "`1`: connected TCP client sockets the process inherits at start-up "
+       "from its launcher (inetd, xinetd, systemd Accept=yes) are governed; "
+       "`0`: they are left alone.",
+       "1"},
+      {"TRAFFICRATE_CONFIG", "--config", "FILE", "",
+       "a rules file: named rules, each with its own listen ports, clients, "
+       "exempt, key, rate, after and burst, in place of --rate, --key, "
+       "--ports, --exempt, --after and --burst; see `trafficrate help rules`",
+       "The absolute path of a rules file (RULES FILE below): several named "
+       "rules, each with its own listen endpoints, clients, key, rate, after "
+       "and burst, in place of TRAFFICRATE_RATE, _KEY, _PORTS, _EXEMPT, "
+       "_AFTER and _BURST, which are then an error.",
+       ""},
+  };
+}
+
+std::vector<OptionDoc> ConfigOptionDocs() {
+  std::vector<OptionDoc> options;
+  for (const VariableDoc& v : VariableDocs()) {
+    if (v.option == nullptr) continue;
+    // Leaked once: the tables live for the program.
+    auto* text = new std::string(v.help);
+    absl::StrAppend(text, " (", v.variable, *v.arg == '\0' ? "=" : "",
+                    v.switch_value, *v.default_of != '\0' ? ", default " : "",
+                    v.default_of, ")");
+    options.push_back({v.option, v.arg, text->c_str()});
+  }
+  return options;
+}
+
+std::vector<CommandDoc>* MakeCommandDocs() {
+  auto* docs = new std::vector<CommandDoc>{
+      {"run",
+       "run a server with the library loaded and configured",
+       "[OPTIONS] -- COMMAND [ARGS...]",
+       {"Runs COMMAND (exec, same pid) with libtrafficrate.so preloaded "
+        "(LD_PRELOAD) and configured: every connection it accepts shares its "
+        "client's rate with that client's other connections, across all of "
+        "the server's processes. Options set the TRAFFICRATE_* variables; "
+        "variables already set are kept unless an option overrides them. A "
+        "rate (or a rules file, --config) is required; the configuration is "
+        "checked with the library's own parser first, and a rules file with "
+        "a rule that can never match is refused."},
+       {},
+       {"trafficrate run --rate 500k -- nginx -g 'daemon off;'",
+        "trafficrate run --rate 1m --ports 80,443 -- apache2ctl -D FOREGROUND",
+        "trafficrate run --config /etc/trafficrate/rules.conf -- node "
+        "server.js"}},
+      {"check",
+       "validate a configuration and print what it means",
+       "[OPTIONS]",
+       {"Validates the configuration a server would get (the TRAFFICRATE_* "
+        "variables of this environment, overridden by the options, which are "
+        "those of run) and prints what it means; with a rules file "
+        "(--config), its rules in the order the library applies them. Exits "
+        "1 with the library's own message if it is invalid, or with a "
+        "warning naming both rules if a rule can never match (an earlier "
+        "one takes every connection it would)."},
+       {},
+       {"trafficrate check --rate 500k --key peer/24,64 --after 1m",
+        "TRAFFICRATE_RATE=500k trafficrate check",
+        "trafficrate check --config /etc/trafficrate/rules.conf"}},
+      {"stat",
+       "show a zone's clients, connections, shares and bytes",
+       "[--zone NAME] [--json | --prometheus] [--top N] [--sort active|bytes]",
+       {"Shows a zone: its rate and capacity, and per client key the active "
+        "(sending) and registered connections, the current share of each "
+        "sending connection, bytes sent, connections served and last "
+        "activity. Exits 1 if the zone does not exist or is corrupt."},
+       {{"--zone", "NAME", kZoneOptionText},
+        {"--json", "", "one JSON document (exact figures)"},
+        {"--prometheus", "",
+         "Prometheus text exposition (trafficrate_* "
+         "metrics)"},
+        {"--top", "N", "only the N first keys"},
+        {"--sort", "S",
+         "active (default: most sending connections first) or bytes"}},
+       {"trafficrate stat --zone web",
+        "trafficrate stat --zone web --json --top 10",
+        "trafficrate stat --prometheus > "
+        "/var/lib/prometheus/node-exporter/trafficrate.prom"}},
+      {"top",
+       "live view of the busiest clients",
+       "[--zone NAME] [--interval SECONDS]",
+       {"A live view of the zone's busiest clients: each key's rate over the "
+        "last interval against the zone's rate (a bar), its sending and "
+        "registered connections and its share. Press q (or Ctrl-C) to "
+        "quit."},
+       {{"--zone", "NAME", kZoneOptionText},
+        {"--interval", "S",
+         "seconds between refreshes, 0.2 to 60 (default 1)"}},
+       {"trafficrate top --zone web --interval 0.5"}},
+      {"set",
+       "change a zone's rate (or one rule's) while its servers run",
+       "[--zone NAME] [--rule NAME] RATE",
+       {"Changes a running zone's per-client rate, e.g. `trafficrate set "
+        "1m`. Every server process applies it to its sending connections "
+        "within milliseconds. A server started later with TRAFFICRATE_RATE "
+        "(or a rules file) sets the rates again. A zone whose server has a "
+        "rules file takes the rule to change."},
+       {{"--zone", "NAME", kZoneOptionText},
+        {"--rule", "NAME", "the rule of the rules file whose rate to change"}},
+       {"trafficrate set --zone web 1m",
+        "trafficrate set --zone web --rule downloads 250k"}},
+      {"reload",
+       "make a zone's servers read their rules file again",
+       "[--zone NAME] [--config FILE]",
+       {"Makes every server process of a zone read its rules file "
+        "(TRAFFICRATE_CONFIG) again, without signalling it: the connections "
+        "each accepts from then on follow the new rules; existing "
+        "connections keep their rule, whose rate the file may change. A rule "
+        "keeps its place by name; a new one takes a free one of the zone's "
+        "16. A process that cannot read the file logs one line and keeps the "
+        "rules in force."},
+       {{"--zone", "NAME", kZoneOptionText},
+        {"--config", "FILE",
+         "check FILE first (it should be the servers' file) and reload only "
+         "if it is valid and every rule can match"}},
+       {"trafficrate reload --zone web --config /etc/trafficrate/rules.conf"}},
+      {"gc",
+       "release the registrations of processes that died",
+       "[--zone NAME]",
+       {"Releases the connections registered by processes that died without "
+        "closing them (killed with SIGKILL, crashed). Live server processes "
+        "do this by themselves within a second; gc is for a zone no live "
+        "process watches."},
+       {{"--zone", "NAME", kZoneOptionText}},
+       {"trafficrate gc --zone web"}},
+      {"rm",
+       "remove a zone",
+       "[--zone NAME] [--force]",
+       {"Removes a zone (/dev/shm/trafficrate.NAME). Refused while live "
+        "processes are registered in it, unless --force: they keep using it "
+        "until they exit, and servers started afterwards create a new, "
+        "separate zone. A corrupt zone (see stat) is removed without "
+        "--force: its processes pass through already. A zone of another "
+        "layout version (made by another trafficrate version, see "
+        "--version) is removed only with --force, since its processes "
+        "cannot be listed: stop its servers first."},
+       {{"--zone", "NAME", kZoneOptionText},
+        {"--force", "", "remove it even though processes use it"}},
+       {"trafficrate rm --zone web"}},
+      {"help",
+       "this text, a command's help, or a topic of trafficrate(7)",
+       "[COMMAND | TOPIC]",
+       {"Prints the list of commands, a command's --help, or a topic of the "
+        "library's manual: environment, rules, zone, logging, guarantees, "
+        "limits."},
+       {},
+       {"trafficrate help rules"}},
+  };
+  const std::vector<OptionDoc> config = ConfigOptionDocs();
+  for (CommandDoc& doc : *docs) {
+    if (std::strcmp(doc.name, "run") != 0 &&
+        std::strcmp(doc.name, "check") != 0) {
+      continue;
+    }
+    doc.options = config;
+    if (std::strcmp(doc.name, "run") == 0) {
+      doc.options.push_back(
+          {"--library", "P",
+           "the libtrafficrate.so to load (default: the installed one, "
+           "found from this program's place: ../lib/<multiarch>/ or ../lib/ "
+           "beside it, this program's directory, then the configured "
+           "library directory)"});
+    }
+  }
+  return docs;
+}
+
+// The zone layout version, in words (the tables hold C strings).
+const char* LayoutParagraph() {
+  static const std::string* const kText = new std::string(absl::StrCat(
+      "The zone's layout has a version, ", kZoneLayoutVersion,
+      " in this build (`trafficrate --version` says it). A process never "
+      "reads or replaces a zone of another layout: servers of another "
+      "trafficrate version may use it. After an upgrade to a version with "
+      "another layout, the servers started before it keep their zone, and "
+      "a server started after it logs that the zone has another layout and "
+      "runs unpaced until that zone is gone: stop every server of the zone, "
+      "run `trafficrate rm --force --zone NAME`, and start them again; the "
+      "first one creates a zone of the new layout."));
+  return kText->c_str();
+}
+
+std::vector<TopicDoc>* MakeTopicDocs() {
+  return new std::vector<TopicDoc>{
+      {"description",
+       "DESCRIPTION",
+       {"libtrafficrate.so, loaded into an unmodified TCP server with "
+        "LD_PRELOAD, makes all connections from one client (by default one "
+        "IP address) share one configured download rate across every "
+        "process of the server: each sending connection gets max(1, rate / "
+        "active) (TRAFFICRATE_SHARE=equal) or its part of a byte budget the "
+        "client's connections share (budget), applied by the kernel's own "
+        "TCP pacing (SO_MAX_PACING_RATE), so non-blocking sockets, sendfile, "
+        "splice and TLS work exactly as before.",
+        "The library interposes accept, accept4, the send family, sendfile, "
+        "splice, close and dup; it registers each accepted TCP connection "
+        "in a shared memory zone (ZONE below), counts the client's sending "
+        "connections there and pushes each new share to the sibling "
+        "connections in every process within milliseconds. A connection "
+        "idle for TRAFFICRATE_IDLE takes no share. Sockets passed between "
+        "processes (SCM_RIGHTS) and inherited at start-up are followed.",
+        "Everything is read once, in the library's constructor (nginx wipes "
+        "its workers' environment; the workers inherit what the master "
+        "read). The trafficrate(1) command starts servers with the library "
+        "(`trafficrate run`), validates a configuration (`check`), shows a "
+        "zone (`stat`, `top`) and changes it live (`set`, `reload`)."}},
+      {"environment",
+       "ENVIRONMENT",
+       {"A bad value prints one line naming the variable and the accepted "
+        "form, and the server runs exactly as without the library (or, with "
+        "TRAFFICRATE_STRICT=1, exits with status 1). The options of "
+        "`trafficrate run` and `check` set the same variables."}},
+      {"rules",
+       "RULES FILE",
+       {"A rules file (TRAFFICRATE_CONFIG=/etc/trafficrate/rules.conf, or "
+        "`trafficrate run --config FILE`) holds named rules; each accepted "
+        "connection is governed by the first rule that matches its local "
+        "address and port and its client, decided once at accept. Each "
+        "rule's keys are its own. A connection no rule matches passes "
+        "through unpaced.",
+        "    # /etc/trafficrate/rules.conf\n"
+        "    [internal]\n"
+        "    clients = 10.0.0.0/8, fd00::/8\n"
+        "    rate    = unlimited\n"
+        "\n"
+        "    [downloads]\n"
+        "    listen  = 80, 443, 8000-8099\n"
+        "    rate    = 500k\n"
+        "    after   = 1m\n"
+        "\n"
+        "    [api]\n"
+        "    listen  = 127.0.0.1:8443, [::1]:8443\n"
+        "    key     = peer/24,64\n"
+        "    rate    = 2m\n"
+        "    burst   = 256k",
+        "A section [NAME] starts a rule: 1 to 31 of A-Z a-z 0-9 _ . -, each "
+        "name once, at most 16 rules. # or ; starts a comment line; # after "
+        "a blank ends a line early. Each field at most once per rule:",
+        "= listen: local endpoints, comma-separated (at most 32): 80, "
+        "8000-8099, 127.0.0.1:80, [::1]:8080, *:80, or an address alone "
+        "(every port). Default: every local address and port.",
+        "= clients: client addresses and networks, IPv4 and IPv6 (at most "
+        "64). Default: every client.",
+        "= exempt: clients the rule matches and leaves unpaced, same form.",
+        "= key: as TRAFFICRATE_KEY. Default: peer.",
+        "= rate: bytes/s per key (500k, 2m), or `unlimited`: the rule "
+        "matches and never paces. Required.",
+        "= after: as TRAFFICRATE_AFTER, per connection. Default: 0.",
+        "= burst: as TRAFFICRATE_BURST (budget mode).",
+        "TRAFFICRATE_ZONE, _ZONE_SIZE, _SHARE, _IDLE, _LOG, _STRICT and "
+        "_INHERITED hold for every rule. A bad file is treated like a bad "
+        "variable: one line naming the file, line and column. `trafficrate "
+        "check --config FILE` prints the rules as applied and refuses a rule "
+        "that can never match; `trafficrate reload` makes running servers "
+        "read the file again (the connections they accept from then on "
+        "follow it); `trafficrate set --rule NAME RATE` changes one rule's "
+        "rate live."}},
+      {"zone",
+       "ZONE",
+       {"A zone is a shared memory object, /dev/shm/trafficrate.NAME "
+        "(TRAFFICRATE_ZONE), created by the first process that needs it "
+        "(nginx's master, before it forks), mode 0600, owned by the user "
+        "that started the server: workers that switch to another user "
+        "inherit the mapping. It holds the rate, the rules' rates, one slot "
+        "per client key, connection and process, and a robust lock taken "
+        "with a bound.",
+        "Every server process of the zone shares it; servers with different "
+        "zones are independent. A zone outlives its servers: the next server "
+        "with the same name attaches to it (its key setting must match). "
+        "`trafficrate rm` removes it; `trafficrate gc` releases the "
+        "connections of dead processes.",
+        LayoutParagraph(),
+        "When the zone is full, new connections pass through unpaced and "
+        "are counted (table full in stat). A zone found corrupt is marked "
+        "for every process; each unpaces its sockets, stops using it and "
+        "logs one line."}},
+      {"logging",
+       "LOGGING",
+       {"The library logs one line per event, \"trafficrate: TEXT\", to "
+        "TRAFFICRATE_LOG: stderr (the default), a file, nowhere, or syslog. "
+        "With `syslog` each line goes to /dev/log (the journal, rsyslog) "
+        "with the identifier trafficrate, the pid of the server process that "
+        "logs it and facility daemon, at priority err (a configuration "
+        "refused, the library disabled), warning (degraded: zone full, a "
+        "stalled lock, a corrupt zone) or notice (a reload applied); read it "
+        "with `journalctl -t trafficrate`. If no syslog socket accepts the "
+        "line, it goes to stderr.",
+        "Messages of one kind are written at most once per 10 s, and a "
+        "process writes at most 10 lines per 10 s in all; the next line "
+        "after a pause says how many were suppressed."}},
+      {"guarantees",
+       "GUARANTEES",
+       {"Rule zero: if the library fails, the server behaves as if it were "
+        "not loaded.",
+        "* No wait without bound inside the server's calls: the zone lock is "
+        "taken with a 15 ms limit in accept, send and close; a process that "
+        "holds it and stops costs each other process one such wait, after "
+        "which their calls only try the lock and pass through.",
+        "* No value in the zone can crash or hang the server: its geometry "
+        "is checked at attach and kept in the process, every index read from "
+        "it is checked, every chain walk bounded.",
+        "* A corrupt zone is noticed (a checksum, a lock no call can take, "
+        "counts no process writes) and left.",
+        "* Counts heal by themselves when a worker dies (its siblings reap "
+        "it within a second), and nothing the library does changes what a "
+        "call returns or its errno."}},
+      {"limits",
+       "LIMITS",
+       {"* Not governed: programs linked statically or making their own "
+        "system calls (Go), io_uring sends, UDP; a connection's first 10 "
+        "segments (the kernel does not pace them); sockets the process did "
+        "not accept and no governed process passed it; connections accepted "
+        "while the zone is full.",
+        "* On paths with a minimum RTT under 512 us (loopback, one LAN "
+        "segment) Linux builds TSO packets of up to 64 KiB whatever the "
+        "pacing rate, so the rate is right on average but arrives in 64 KiB "
+        "steps; sysctl net.ipv4.tcp_tso_rtt_log=0 sizes packets from the "
+        "pacing rate instead.",
+        "* A single-process server killed with SIGKILL leaves its counts in "
+        "the zone until another process notices or `trafficrate gc` runs.",
+        "* stat's bytes count what the server handed to the kernel."}},
+  };
+}
+
+// Word wrap: `text` filled to `width` columns, the first line after
+// `first`, the others after `rest` (their widths count).
+std::string Fill(const std::string& text, size_t width,
+                 const std::string& first, const std::string& rest) {
+  std::string out = first;
+  size_t column = first.size();
+  bool line_empty = true;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line_empty && column + 1 + word.size() > width) {
+      absl::StrAppend(&out, "\n", rest);
+      column = rest.size();
+      line_empty = true;
+    }
+    if (!line_empty) {
+      out += ' ';
+      ++column;
+    }
+    absl::StrAppend(&out, word);
+    column += word.size();
+    line_empty = false;
+  }
+  out += '\n';
+  return out;
+}
+
+constexpr size_t kWidth = 78;
+constexpr size_t kTermColumn = 18;
+
+std::string TermLine(const std::string& term, const std::string& text) {
+  std::string head = absl::StrCat("  ", term);
+  const std::string indent(kTermColumn, ' ');
+  if (head.size() + 2 > kTermColumn) {
+    return absl::StrCat(head, "\n", Fill(text, kWidth, indent, indent));
+  }
+  head.resize(kTermColumn, ' ');
+  return Fill(text, kWidth, head, indent);
+}
+
+bool IsVerbatim(absl::string_view paragraph) {
+  return absl::StartsWith(paragraph, "    ");
+}
+
+// One paragraph as plain text.
+std::string TextParagraph(absl::string_view paragraph) {
+  if (IsVerbatim(paragraph)) return absl::StrCat(paragraph, "\n");
+  if (absl::ConsumePrefix(&paragraph, "* ")) {
+    return Fill(std::string(paragraph), kWidth, "* ", "  ");
+  }
+  if (absl::ConsumePrefix(&paragraph, "= ")) {
+    const size_t colon = paragraph.find(": ");
+    return TermLine(std::string(paragraph.substr(0, colon)),
+                    std::string(paragraph.substr(colon + 2)));
+  }
+  return Fill(std::string(paragraph), kWidth, "", "");
+}
+
+std::string OptionTerm(const OptionDoc& o) {
+  return *o.arg == '\0' ? o.flag : absl::StrCat(o.flag, " ", o.arg);
+}
+
+// roff: backslashes escaped, `code` in bold with its minus signs as such
+// (everywhere with `dashes`), a leading . or ' neutralized.
+std::string Roff(absl::string_view text, bool dashes = false) {
+  std::string out;
+  bool code = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    const bool line_start = i == 0 || text[i - 1] == '\n';
+    if (line_start && (c == '.' || c == '\'')) out += "\\&";
+    if (c == '`') {
+      out += code ? "\\fR" : "\\fB";
+      code = !code;
+    } else if (c == '\\') {
+      out += "\\e";
+    } else if (c == '-' && (code || dashes)) {
+      out += "\\-";
+    } else {
+      out += c;
+    }
+  }
+  if (code) out += "\\fR";
+  return out;
+}
+
+std::string RoffCode(absl::string_view text) {
+  return Roff(absl::StrCat("`", text, "`"));
+}
+
+std::string RoffParagraph(absl::string_view paragraph) {
+  if (IsVerbatim(paragraph)) {
+    std::string body;
+    for (absl::string_view line : absl::StrSplit(paragraph, '\n')) {
+      absl::ConsumePrefix(&line, "    ");
+      absl::StrAppend(&body, Roff(line), "\n");
+    }
+    return absl::StrCat(".PP\n.RS 4\n.nf\n", body, ".fi\n.RE\n");
+  }
+  if (absl::ConsumePrefix(&paragraph, "* ")) {
+    return absl::StrCat(".IP \\(bu 2\n", Roff(paragraph), "\n");
+  }
+  if (absl::ConsumePrefix(&paragraph, "= ")) {
+    const size_t colon = paragraph.find(": ");
+    return absl::StrCat(".TP\n", RoffCode(paragraph.substr(0, colon)), "\n",
+                        Roff(paragraph.substr(colon + 2)), "\n");
+  }
+  return absl::StrCat(".PP\n", Roff(paragraph), "\n");
+}
+
+std::string RoffOption(const OptionDoc& o) {
+  std::string term = RoffCode(o.flag);
+  if (*o.arg != '\0') absl::StrAppend(&term, " \\fI", Roff(o.arg), "\\fR");
+  return absl::StrCat(".TP\n", term, "\n", Roff(o.text), "\n");
+}
+
+std::string RoffHeader(int section, const std::string& date) {
+  return absl::StrCat(
+      ".\\\" Generated by trafficrate_man from tools/manual.cc; do not edit.\n",
+      ".TH TRAFFICRATE ", section, " \"", date, "\" \"trafficrate ",
+      TRAFFICRATE_VERSION, "\" \"trafficrate\"\n",
+      // Left-aligned, no hyphenation: names like TRAFFICRATE_RATE stay whole.
+      ".ad l\n.nh\n");
+}
+
+std::string ManPage1(const std::string& date) {
+  std::string out = RoffHeader(1, date);
+  absl::StrAppend(&out, ".SH NAME\ntrafficrate \\- ", kSummary, "\n");
+  absl::StrAppend(&out, ".SH SYNOPSIS\n.nf\n");
+  for (const CommandDoc& c : CommandDocs()) {
+    absl::StrAppend(&out, "\\fBtrafficrate ", c.name, "\\fR ",
+                    Roff(c.synopsis, true), "\n");
+  }
+  absl::StrAppend(&out,
+                  "\\fBtrafficrate \\-\\-help\\fR | "
+                  "\\fB\\-\\-version\\fR\n.fi\n");
+  absl::StrAppend(&out, ".SH DESCRIPTION\n");
+  for (const char* p : OverviewParagraphs()) {
+    absl::StrAppend(&out, RoffParagraph(p));
+  }
+  absl::StrAppend(
+      &out, RoffParagraph("Commands that read a zone take --zone NAME "
+                          "(default: $TRAFFICRATE_ZONE, else \"default\"); "
+                          "none of them creates a zone or holds its lock, "
+                          "so looking never slows a server. Errors are one "
+                          "line on stderr starting \"trafficrate: \"."));
+  absl::StrAppend(&out, ".SH COMMANDS\n");
+  for (const CommandDoc& c : CommandDocs()) {
+    absl::StrAppend(&out, ".SS ", c.name, "\n.PP\n\\fBtrafficrate ", c.name,
+                    "\\fR ", Roff(c.synopsis, true), "\n");
+    for (const char* p : c.paragraphs) absl::StrAppend(&out, RoffParagraph(p));
+    for (const OptionDoc& o : c.options) absl::StrAppend(&out, RoffOption(o));
+  }
+  absl::StrAppend(&out, ".SH OPTIONS\n",
+                  RoffOption({"--help", "",
+                              "(also -h) print the help of "
+                              "trafficrate or of the command"}),
+                  RoffOption({"--version", "",
+                              "print the version, the zone layout version, "
+                              "the features and the build"}));
+  absl::StrAppend(&out, ".SH EXIT STATUS\n.TP\n0\nsuccess\n.TP\n1\n",
+                  "the operation failed (a zone that does not exist or is "
+                  "corrupt, an invalid configuration)\n.TP\n2\n",
+                  "usage error: an unknown command or option, a missing or "
+                  "malformed value\n",
+                  ".PP\n\\fBtrafficrate run\\fR execs the server, whose exit "
+                  "status is then its own.\n");
+  absl::StrAppend(
+      &out, ".SH ENVIRONMENT\n",
+      RoffParagraph(
+          "`run` and `check` read every TRAFFICRATE_* variable of their "
+          "environment (options override them); the other commands read "
+          "TRAFFICRATE_ZONE. The variables are described in trafficrate(7) "
+          "and by `trafficrate help environment`."));
+  absl::StrAppend(&out, ".SH FILES\n.TP\n",
+                  RoffCode("/dev/shm/trafficrate.NAME"),
+                  "\nthe zone NAME\n.TP\n", RoffCode(TRAFFICRATE_LIBRARY_PATH),
+                  "\nthe preload library\n.TP\n",
+                  RoffCode("/usr/share/doc/trafficrate/examples/"),
+                  "\nan example systemd drop-in for nginx\n");
+  absl::StrAppend(&out, ".SH EXAMPLES\n");
+  for (const CommandDoc& c : CommandDocs()) {
+    for (const char* e : c.examples) {
+      absl::StrAppend(&out, ".PP\n.nf\n", Roff(e), "\n.fi\n");
+    }
+  }
+  absl::StrAppend(&out,
+                  ".SH SEE ALSO\n\\fBtrafficrate\\fR(7), "
+                  "\\fBld.so\\fR(8), \\fBsystemd.exec\\fR(5)\n");
+  return out;
+}
+
+std::string ManPage7(const std::string& date) {
+  std::string out = RoffHeader(7, date);
+  absl::StrAppend(&out,
+                  ".SH NAME\ntrafficrate \\- per-client download rate "
+                  "shared across the processes of an unmodified TCP server\n");
+  for (const TopicDoc& t : TopicDocs()) {
+    absl::StrAppend(&out, ".SH ", t.title, "\n");
+    for (const char* p : t.paragraphs) absl::StrAppend(&out, RoffParagraph(p));
+    if (std::strcmp(t.topic, "environment") != 0) continue;
+    for (const VariableDoc& v : VariableDocs()) {
+      absl::StrAppend(&out, ".TP\n", RoffCode(v.variable), "\n",
+                      Roff(v.manual));
+      if (*v.default_of != '\0') {
+        absl::StrAppend(&out, " Default: ", Roff(v.default_of), ".");
+      }
+      if (v.option != nullptr) {
+        absl::StrAppend(&out, " Option: ", RoffCode(v.option), ".");
+      }
+      out += '\n';
+    }
+  }
+  absl::StrAppend(&out,
+                  ".SH SEE ALSO\n\\fBtrafficrate\\fR(1), "
+                  "\\fBld.so\\fR(8), \\fBtcp\\fR(7), "
+                  "\\fBjournalctl\\fR(1)\n");
+  return out;
+}
+
+}  // namespace
+
+const std::vector<VariableDoc>& VariableDocs() {
+  static const std::vector<VariableDoc>* const kDocs = MakeVariableDocs();
+  return *kDocs;
+}
+
+const std::vector<CommandDoc>& CommandDocs() {
+  static const std::vector<CommandDoc>* const kDocs = MakeCommandDocs();
+  return *kDocs;
+}
+
+const std::vector<TopicDoc>& TopicDocs() {
+  static const std::vector<TopicDoc>* const kDocs = MakeTopicDocs();
+  return *kDocs;
+}
+
+const CommandDoc* FindCommandDoc(const std::string& name) {
+  for (const CommandDoc& c : CommandDocs()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+const TopicDoc* FindTopicDoc(const std::string& topic) {
+  for (const TopicDoc& t : TopicDocs()) {
+    if (topic == t.topic) return &t;
+  }
+  return nullptr;
+}
+
+std::string OverviewHelp() {
+  std::string out = "usage: trafficrate COMMAND [OPTIONS]\n\n";
+  for (const char* p : OverviewParagraphs()) {
+    absl::StrAppend(&out, TextParagraph(p));
+  }
+  absl::StrAppend(&out, "\ncommands:\n");
+  for (const CommandDoc& c : CommandDocs()) {
+    std::string name = absl::StrCat("  ", c.name);
+    name.resize(10, ' ');
+    absl::StrAppend(&out, name, c.summary, "\n");
+  }
+  absl::StrAppend(&out, "\n",
+                  TextParagraph("`trafficrate COMMAND --help` describes each "
+                                "command, `man trafficrate` all of them."),
+                  "options: --help, --version\n"
+                  "exit status: 0 ok, 1 the operation failed, 2 usage "
+                  "error\n");
+  return out;
+}
+
+std::string CommandHelp(const CommandDoc& command) {
+  const std::string usage =
+      absl::StrCat("usage: trafficrate ", command.name, " ");
+  std::string out =
+      Fill(command.synopsis, kWidth, usage, std::string(usage.size(), ' '));
+  for (const char* p : command.paragraphs) {
+    absl::StrAppend(&out, "\n", TextParagraph(p));
+  }
+  if (!command.options.empty()) out += '\n';
+  for (const OptionDoc& o : command.options) {
+    absl::StrAppend(&out, TermLine(OptionTerm(o), o.text));
+  }
+  if (!command.examples.empty()) {
+    absl::StrAppend(
+        &out, "\n",
+        command.examples.size() == 1 ? "example:\n" : "examples:\n");
+    for (const char* e : command.examples) {
+      absl::StrAppend(&out, "  ", e, "\n");
+    }
+  }
+  return out;
+}
+
+std::string TopicHelp(const TopicDoc& topic) {
+  std::string out = absl::StrCat(topic.title, "\n");
+  for (const char* p : topic.paragraphs) {
+    absl::StrAppend(&out, "\n", TextParagraph(p));
+  }
+  if (std::strcmp(topic.topic, "environment") == 0) {
+    for (const VariableDoc& v : VariableDocs()) {
+      std::string text = v.manual;
+      if (*v.default_of != '\0') {
+        absl::StrAppend(&text, " Default: ", v.default_of, ".");
+      }
+      if (v.option != nullptr) {
+        absl::StrAppend(&text, " Option: ", v.option, ".");
+      }
+      absl::StrAppend(&out, "\n", v.variable, "\n",
+                      Fill(text, kWidth, "  ", "  "));
+    }
+  }
+  return out;
+}
+
+std::string ManPage(int section, const std::string& date) {
+  if (section == 1) return ManPage1(date);
+  if (section == 7) return ManPage7(date);
+  return "";
+}
+
+}  // namespace trafficrate
