@@ -18,8 +18,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "src/budget.h"
 #include "src/clock.h"
 #include "src/config.h"
@@ -30,6 +32,8 @@ namespace trafficrate {
 namespace {
 
 constexpr uint64_t kAlign = 64;
+// Marks the error of a zone of another layout version (IsOtherLayout).
+constexpr char kOtherLayoutPayload[] = "trafficrate/zone-layout";
 constexpr int64_t kAttachWaitNs = 2 * kNsPerSec;
 constexpr uint32_t kAnyKeySpec = ~0u;  // Attach: accept the zone's key spec
 // The header checksum's SipHash key: fixed, it only detects damage.
@@ -230,10 +234,16 @@ void InitializeZone(void* base, uint64_t size_bytes,
 absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
                             uint64_t actual_size) {
   if (h.magic == kZoneMagic && h.layout_version != kZoneLayoutVersion) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s has layout version %u, this library uses %u; stop the "
-        "servers using it and remove it with `rm /dev/shm%s`",
-        shm, h.layout_version, kZoneLayoutVersion, shm));
+    absl::string_view name = shm;
+    absl::ConsumePrefix(&name, "/trafficrate.");
+    absl::Status status = absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s has layout version %u, this library uses %u (another "
+        "trafficrate version); stop the servers using it, then remove it "
+        "with `trafficrate rm --force --zone %s`",
+        shm, h.layout_version, kZoneLayoutVersion, name));
+    status.SetPayload(kOtherLayoutPayload,
+                      absl::Cord(absl::StrCat(h.layout_version)));
+    return status;
   }
   if (h.magic != kZoneMagic) return CorruptError(shm, "bad magic");
   if (h.corrupt.load(std::memory_order_acquire) != 0) {
@@ -396,6 +406,11 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(
 
 bool Zone::IsCorruptZone(const absl::Status& status) {
   return absl::IsDataLoss(status);
+}
+
+bool Zone::IsOtherLayout(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) &&
+         status.GetPayload(kOtherLayoutPayload).has_value();
 }
 
 bool Zone::HeaderIntact() const {

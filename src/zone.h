@@ -117,6 +117,10 @@ class Zone {
 
   // Whether an Attach or OpenOrCreate error means the zone is corrupt.
   static bool IsCorruptZone(const absl::Status& status);
+  // Whether it means the zone has another layout version (made by another
+  // trafficrate version; FailedPreconditionError): never read or replaced,
+  // since servers of that version may use it.
+  static bool IsOtherLayout(const absl::Status& status);
 
   ~Zone();
   Zone(const Zone&) = delete;

@@ -330,9 +330,13 @@ TEST_F(ZoneTest, ZoneWithAnotherLayoutVersionIsRefusedAndNeverWritten) {
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(opened.status().message(), HasSubstr("layout version"));
+  EXPECT_THAT(opened.status().message(), HasSubstr("trafficrate rm --force"));
+  EXPECT_TRUE(Zone::IsOtherLayout(opened.status()));
+  EXPECT_FALSE(Zone::IsCorruptZone(opened.status()));
   absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(zone_name_);
   ASSERT_FALSE(attached.ok());
   EXPECT_EQ(attached.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Zone::IsOtherLayout(attached.status()));
   EXPECT_TRUE(ReadShm(zone_name_) == before) << "a refused zone was written";
 }
 
