@@ -12,7 +12,8 @@ TRAFFICRATE_PACKAGES=(
   python3 python3-pytest python3-prometheus-client
   nginx curl wrk openssl iproute2 util-linux procps
   apache2 lighttpd aria2 nodejs   # the other real servers and client of test_servers.py
-  systemd                         # systemd-socket-activate, for test_inherited.py
+  systemd                         # systemd-socket-activate (test_inherited.py), systemd-analyze
+  man-db                          # man -l, lexgrog (test_manual.py, test_package.py)
 )
 # Only for scripts/fuzz.sh: clang, and libFuzzer with the sanitizer runtimes
 # (libclang_rt.fuzzer-x86_64.a is in libclang-rt-14-dev, which clang only

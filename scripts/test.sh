@@ -4,7 +4,9 @@
 # zone and fd table tests under ThreadSanitizer), a minute of fuzzing
 # (scripts/fuzz.sh), then the integration tests against real servers in a
 # private network namespace with a 1500-byte loopback, one of them with the
-# ASan + UBSan build of the preload library. Exits non-zero if anything fails.
+# ASan + UBSan build of the preload library, and the Debian package
+# (scripts/package.sh), installed and used in a throwaway root. Exits non-zero
+# if anything fails.
 #
 #   scripts/test.sh              everything
 #   scripts/test.sh --quick      plain unit tests and integration tests only
@@ -61,6 +63,10 @@ if ((!quick)); then
   scripts/fuzz.sh --seconds 60
 fi
 
+echo "== Debian package (scripts/package.sh; test_package.py installs it)"
+scripts/package.sh
+debs=("$TRAFFICRATE_ROOT"/build-pkg/trafficrate_*.deb)
+
 echo "== integration tests (private network namespace, lo mtu 1500)"
 # test_asan_preload.py runs build-asan/libtrafficrate.so (built above) under a
 # server. --quick builds no build-asan: the test is left out then, so that a
@@ -70,7 +76,7 @@ if ((quick)); then
   echo "(test_asan_preload.py left out: --quick builds no build-asan)"
   pytest_extra=(--ignore=tests/integration/test_asan_preload.py)
 fi
-TRAFFICRATE_BUILD_DIR="$TRAFFICRATE_ROOT/build" \
+TRAFFICRATE_BUILD_DIR="$TRAFFICRATE_ROOT/build" TRAFFICRATE_DEB="${debs[0]}" \
   TRAFFICRATE_ASAN_BUILD_DIR="$TRAFFICRATE_ROOT/build-asan" unshare -n sh -c \
   'ip link set lo up mtu 1500 && exec /usr/bin/python3 -m pytest -v -p no:cacheprovider tests/integration "$@"' \
   sh "${pytest_extra[@]}"
