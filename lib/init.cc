@@ -60,7 +60,7 @@ int FdTableCapacity() {
 // One line, then pass-through (or exit in strict mode).
 void Fail(const Logger& logger, const absl::Status& status, bool strict) {
   const std::string text(status.message());
-  logger.Logf(
+  logger.Error(
       "%s; %s", text.c_str(),
       strict ? "exiting (TRAFFICRATE_STRICT=1)" : "the server runs unpaced");
   if (strict) _exit(1);
@@ -74,8 +74,8 @@ void ConfigureLog(const Config& config) {
   const int fd = open(config.log_path.c_str(),
                       O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
-    g_logger.Logf("TRAFFICRATE_LOG: cannot open %s (%s); logging to stderr",
-                  config.log_path.c_str(), strerror(errno));
+    g_logger.Warning("TRAFFICRATE_LOG: cannot open %s (%s); logging to stderr",
+                     config.log_path.c_str(), strerror(errno));
     return;
   }
   g_logger.Configure(LogTarget::kFile, fd);
@@ -89,7 +89,7 @@ void ApplyRules(const Config& config, GovernorOptions* options) {
   options->file_rules = config.rules;
   RulesFile file{config.rules_path, config.rules};
   for (const std::string& line : ShadowedRules(file)) {
-    g_logger.Logf("%s: %s", config.rules_path.c_str(), line.c_str());
+    g_logger.Warning("%s: %s", config.rules_path.c_str(), line.c_str());
   }
 }
 
@@ -113,7 +113,7 @@ void Initialize() {
                          config->rate_bytes_per_sec, config->key, &replaced);
   if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
   if (replaced) {
-    g_logger.Logf(
+    g_logger.Warning(
         "zone %s was corrupt; replaced by a fresh one (servers still using "
         "the old one pass through unpaced until they restart)",
         config->zone_name.c_str());

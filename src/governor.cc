@@ -161,7 +161,7 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       !InstallRules(options_.file_rules, /*at_start=*/true)) {
     // The zone lock stayed busy: the rules' connections pass through, as
     // any connection does while the lock is stalled, until a reload.
-    logger_->Logf(
+    logger_->Warning(
         "zone %s: its lock stayed busy at start-up; the rules "
         "file's connections pass through until `trafficrate "
         "reload`",
@@ -238,7 +238,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr) {
     if (fd >= 0 && Logger::Allow(last_fd_log_ns_, MonotonicNowNs())) {
-      logger_->Logf(
+      logger_->Warning(
           "fd %d is above the fd table's %d entries; its "
           "connection is not governed",
           fd, table_->capacity());
@@ -300,7 +300,7 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   }
   if (conn == kNoSlot) {
     if (Logger::Allow(last_full_log_ns_, now)) {
-      logger_->Logf(
+      logger_->Warning(
           "zone %s is full (%u keys, %u connections); new "
           "connections pass through unpaced; raise "
           "TRAFFICRATE_ZONE_SIZE",
@@ -446,7 +446,7 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
     const uint32_t slot = table->slots[i];
     if (rule.unlimited) continue;
     if (slot >= kZoneRules) {
-      logger_->Logf(
+      logger_->Warning(
           "rule \"%s\": every one of the zone's %u rules is taken (by this "
           "file and earlier ones); its connections pass through unpaced "
           "until the zone is made afresh",
@@ -476,20 +476,21 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
 void Governor::ReloadRules() {
   absl::StatusOr<RulesFile> file = ReadRulesFile(options_.rules_path);
   if (!file.ok()) {
-    logger_->Logf("reload: %s; the rules in force stay",
-                  std::string(file.status().message()).c_str());
+    logger_->Error("reload: %s; the rules in force stay",
+                   std::string(file.status().message()).c_str());
     return;
   }
   for (const std::string& line : ShadowedRules(*file)) {
-    logger_->Logf("reload: %s: %s", options_.rules_path.c_str(), line.c_str());
+    logger_->Warning("reload: %s: %s", options_.rules_path.c_str(),
+                     line.c_str());
   }
   if (!InstallRules(file->rules, /*at_start=*/false)) {
-    logger_->Logf(
+    logger_->Warning(
         "reload: the zone lock stayed busy; the rules in force stay (run "
         "trafficrate reload again)");
     return;
   }
-  logger_->Logf(
+  logger_->Notice(
       "reload: %zu rule(s) from %s, for the connections accepted from now on",
       file->rules.size(), options_.rules_path.c_str());
 }
@@ -851,7 +852,7 @@ int Governor::BeforePassFds(const msghdr* msg) {
     }
   });
   if (full && Logger::Allow(last_handoff_log_ns_, MonotonicNowNs())) {
-    logger_->Logf(
+    logger_->Warning(
         "zone %s: too many sockets passed between processes and not yet "
         "received (%u); the ones passed now are not governed by their "
         "receiver",
@@ -1230,7 +1231,7 @@ bool Governor::CheckZone(int64_t now_ns) {
   const uint64_t timeouts = zone_->lock_timeouts();
   if (timeouts != lock_timeouts_said_ &&
       Logger::Allow(last_lock_log_ns_, now_ns)) {
-    logger_->Logf(
+    logger_->Warning(
         "zone %s: the zone lock %s (held by thread %d); %llu call(s) of "
         "process %d went on without it, their connections unpaced until "
         "the watcher retries",
@@ -1242,7 +1243,7 @@ bool Governor::CheckZone(int64_t now_ns) {
   }
   const uint64_t lost = deferred_lost_.load(std::memory_order_relaxed);
   if (lost != deferred_lost_said_) {
-    logger_->Logf(
+    logger_->Warning(
         "zone %s: %llu closed connection(s) of process %d stay counted "
         "until it exits (too many closes while the zone lock was held)",
         zone_->name().c_str(),
@@ -1255,7 +1256,7 @@ bool Governor::CheckZone(int64_t now_ns) {
 bool Governor::PassThroughCorrupt() {
   PassThroughAll();
   const char* why = zone_->corrupt_why();
-  logger_->Logf(
+  logger_->Error(
       "zone %s is corrupt (%s); process %d passes every connection through "
       "unpaced from now on; the next server started replaces the zone",
       zone_->name().c_str(), why != nullptr ? why : "unknown", pid_);
@@ -1292,7 +1293,7 @@ void Governor::ReapDead() {
   uint32_t procs = 0;
   const uint32_t conns = zone_->ReapDead(&procs);
   if (conns > 0) {
-    logger_->Logf(
+    logger_->Notice(
         "%u dead process(es) held %u connection(s) of zone %s; "
         "their counts are released",
         procs, conns, zone_->name().c_str());

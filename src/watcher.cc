@@ -44,7 +44,7 @@ uint32_t Watcher::EnsureStarted() {
     pthread_sigmask(SIG_SETMASK, &old, nullptr);
     if (rc != 0) {
       state_.store(kFailed, std::memory_order_release);
-      logger_->Logf(
+      logger_->Error(
           "cannot start the watcher thread (%s); connections of "
           "process %d pass through unpaced",
           strerror(rc), pid_);
@@ -94,7 +94,7 @@ bool Watcher::Claim() {
   }
   if (me == kNoSlot) {
     state_.store(kFailed, std::memory_order_release);
-    logger_->Logf(
+    logger_->Error(
         "zone %s has no free process slot (%u); connections of "
         "process %d pass through unpaced; raise "
         "TRAFFICRATE_ZONE_SIZE",
