@@ -65,7 +65,8 @@ std::vector<VariableDoc>* MakeVariableDocs() {
       {"TRAFFICRATE_LOG", "--log", "L", "", "stderr | syslog | off | /path",
        "Where the library's one-line messages go: `stderr`, `syslog` "
        "(identifier trafficrate, facility daemon; see LOGGING), `off`, or an "
-       "absolute file path (appended to). Start-up errors also go to stderr.",
+       "absolute file path (appended to). A bad variable is reported on "
+       "stderr, whatever this says.",
        "stderr"},
       {"TRAFFICRATE_PORTS", "--ports", "P", "",
        "only govern connections accepted on these local ports, e.g. 80,443",
@@ -392,16 +393,24 @@ std::vector<TopicDoc>* MakeTopicDocs() {
        "LOGGING",
        {"The library logs one line per event, \"trafficrate: TEXT\", to "
         "TRAFFICRATE_LOG: stderr (the default), a file, nowhere, or syslog. "
-        "With `syslog` each line goes to /dev/log (the journal, rsyslog) "
-        "with the identifier trafficrate, the pid of the server process that "
-        "logs it and facility daemon, at priority err (a configuration "
-        "refused, the library disabled), warning (degraded: zone full, a "
-        "stalled lock, a corrupt zone) or notice (a reload applied); read it "
-        "with `journalctl -t trafficrate`. If no syslog socket accepts the "
-        "line, it goes to stderr.",
-        "Messages of one kind are written at most once per 10 s, and a "
-        "process writes at most 10 lines per 10 s in all; the next line "
-        "after a pause says how many were suppressed."}},
+        "A bad variable is reported on stderr whatever TRAFFICRATE_LOG says "
+        "(it may be the bad variable itself).",
+        "With `syslog` each line goes to /dev/log (journald, rsyslog) as "
+        "\"<PRI>trafficrate[PID]: TEXT\": the identifier trafficrate, the pid "
+        "of the server process that logs it (the nginx master at start-up, a "
+        "worker for what happens in that worker), facility daemon. Read them "
+        "with `journalctl -t trafficrate` (`-p warning` for warnings and "
+        "errors only). Priorities: err when a configuration is refused or "
+        "the library switches itself off (the server then runs unpaced), "
+        "warning when some connections run unpaced or a lock stalls (zone "
+        "full, fd table full, a corrupt zone, a rule that can never match), "
+        "notice for normal events (a reload applied, dead processes' counts "
+        "released). If /dev/log is missing or full, the line goes to stderr "
+        "instead.",
+        "Every target is rate-limited per process: each kind of message at "
+        "most once per 10 s, and all messages together at most 10 at once, "
+        "then one per second; dropped lines are counted in a \"N message(s) "
+        "suppressed\" line before the next one that goes out."}},
       {"guarantees",
        "GUARANTEES",
        {"Rule zero: if the library fails, the server behaves as if it were "
