@@ -1,6 +1,7 @@
 #include "tools/manual.h"
 
 #include <cstring>
+#include <deque>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -130,12 +131,13 @@ std::vector<OptionDoc> ConfigOptionDocs() {
   std::vector<OptionDoc> options;
   for (const VariableDoc& v : VariableDocs()) {
     if (v.option == nullptr) continue;
-    // Leaked once: the tables live for the program.
-    auto* text = new std::string(v.help);
-    absl::StrAppend(text, " (", v.variable, *v.arg == '\0' ? "=" : "",
+    // Kept for the program (a deque: its strings never move).
+    static auto* const texts = new std::deque<std::string>();
+    std::string& text = texts->emplace_back(v.help);
+    absl::StrAppend(&text, " (", v.variable, *v.arg == '\0' ? "=" : "",
                     v.switch_value, *v.default_of != '\0' ? ", default " : "",
                     v.default_of, ")");
-    options.push_back({v.option, v.arg, text->c_str()});
+    options.push_back({v.option, v.arg, text.c_str()});
   }
   return options;
 }

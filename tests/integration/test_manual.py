@@ -85,3 +85,11 @@ def test_every_topic_is_in_trafficrate_7():
                 continue  # verbatim blocks and the variable list: laid out
             assert words(re.sub(r"^\* |^  ", "", paragraph, flags=re.M)) in man, \
                 (topic, paragraph[:60])
+
+
+def test_help_names_the_topics_when_given_an_unknown_one():
+    done = subprocess.run([str(harness.cli_path()), "help", "nonsense"], capture_output=True,
+                          text=True, timeout=10)
+    assert done.returncode == 2
+    assert done.stderr.startswith('trafficrate: help: no command or topic "nonsense"')
+    assert "environment, rules, zone, logging, guarantees, limits" in done.stderr
