@@ -19,15 +19,17 @@ quick=0
 [[ ${1:-} == --quick ]] && quick=1
 
 start=$(date +%s)
+# Each stage line says when it began (seconds since the start).
+stage() { echo "== $* (at $(( $(date +%s) - start )) s)"; }
 trafficrate_install_packages
 
-echo "== format (clang-format --dry-run -Werror)"
+stage "format (clang-format --dry-run -Werror)"
 { git ls-files '*.cc' '*.h' 2>/dev/null || true; } | xargs -r clang-format --dry-run -Werror
 
-echo "== build"
+stage "build"
 trafficrate_build build -DTRAFFICRATE_WERROR=ON
 
-echo "== unit tests"
+stage "unit tests"
 ctest --test-dir build --output-on-failure -j2
 
 if ((!quick)); then
@@ -36,13 +38,13 @@ if ((!quick)); then
   # No benchmarks there: nothing runs them under a sanitizer.
   sanitizer_flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
                    -DTRAFFICRATE_BENCHMARKS=OFF)
-  echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+  stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   trafficrate_build build-asan -DTRAFFICRATE_SANITIZE=address,undefined \
     "${sanitizer_flags[@]}"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2
 
-  echo "== zone, fd table, governor and snapshot tests under ThreadSanitizer"
+  stage "zone, fd table, governor and snapshot tests under ThreadSanitizer"
   # Only the test programs that hold these suites (the rest would be built
   # for nothing; ctest's -R below leaves their NOT_BUILT entries out).
   tsan_targets=()
@@ -59,15 +61,15 @@ if ((!quick)); then
 fi
 
 if ((!quick)); then
-  echo "== fuzz (60 s)"
+  stage "fuzz (60 s)"
   scripts/fuzz.sh --seconds 60
 fi
 
-echo "== Debian package (scripts/package.sh; test_package.py installs it)"
+stage "Debian package (scripts/package.sh; test_package.py installs it)"
 scripts/package.sh
 debs=("$TRAFFICRATE_ROOT"/build-pkg/trafficrate_*.deb)
 
-echo "== integration tests (private network namespace, lo mtu 1500)"
+stage "integration tests (private network namespace, lo mtu 1500)"
 # test_asan_preload.py runs build-asan/libtrafficrate.so (built above) under a
 # server. --quick builds no build-asan: the test is left out then, so that a
 # build-asan left over from an earlier run is not tested in its place.
@@ -78,7 +80,7 @@ if ((quick)); then
 fi
 TRAFFICRATE_BUILD_DIR="$TRAFFICRATE_ROOT/build" TRAFFICRATE_DEB="${debs[0]}" \
   TRAFFICRATE_ASAN_BUILD_DIR="$TRAFFICRATE_ROOT/build-asan" unshare -n sh -c \
-  'ip link set lo up mtu 1500 && exec /usr/bin/python3 -m pytest -v -p no:cacheprovider tests/integration "$@"' \
+  'ip link set lo up mtu 1500 && exec /usr/bin/python3 -m pytest -v --durations=15 -p no:cacheprovider tests/integration "$@"' \
   sh "${pytest_extra[@]}"
 
 echo "== all tests passed in $(( $(date +%s) - start )) s"

@@ -443,6 +443,20 @@ int GcCommand(const std::vector<std::string>& raw) {
   return kExitOk;
 }
 
+namespace {
+
+// rm of a zone that could not be read (corrupt, or of another layout):
+// "removed <what> NAME (/dev/shm/...); <after>".
+int UnlinkUnread(const std::string& name, const char* what, const char* after) {
+  const absl::Status removed = Zone::Unlink(name);
+  if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
+  std::printf("removed %s %s (/dev/shm%s); %s\n", what, name.c_str(),
+              ZoneShmName(name).c_str(), after);
+  return kExitOk;
+}
+
+}  // namespace
+
 int RmCommand(const std::vector<std::string>& raw) {
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
@@ -456,13 +470,9 @@ int RmCommand(const std::vector<std::string>& raw) {
   if (!attached.ok() && Zone::IsCorruptZone(attached.status())) {
     // Nothing in it can be trusted, not even its process table: the
     // processes using it pass through already.
-    const absl::Status removed = Zone::Unlink(name);
-    if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
-    std::printf(
-        "removed corrupt zone %s (/dev/shm%s); servers still using it pass "
-        "through unpaced until they restart\n",
-        name.c_str(), ZoneShmName(name).c_str());
-    return kExitOk;
+    return UnlinkUnread(name, "corrupt zone",
+                        "servers still using it pass through unpaced until "
+                        "they restart");
   }
   if (!attached.ok() && Zone::IsOtherLayout(attached.status())) {
     // Its process table cannot be read: only the operator knows whether the
@@ -472,13 +482,9 @@ int RmCommand(const std::vector<std::string>& raw) {
           absl::StrCat("rm: ", attached.status().message(),
                        " (its processes cannot be listed by this version)"));
     }
-    const absl::Status removed = Zone::Unlink(name);
-    if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
-    std::printf(
-        "removed zone %s (/dev/shm%s) of another trafficrate version; "
-        "servers still using it keep it until they exit\n",
-        name.c_str(), ZoneShmName(name).c_str());
-    return kExitOk;
+    return UnlinkUnread(name, "zone",
+                        "it was made by another trafficrate version; servers "
+                        "still using it keep it until they exit");
   }
   if (!attached.ok()) return Failure(std::string(attached.status().message()));
   zone = std::move(*attached);
