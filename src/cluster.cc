@@ -1,0 +1,204 @@
+#include "src/cluster.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "src/siphash.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr char kUrlForm[] =
+    "use redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], e.g. "
+    "redis://10.0.0.5:6379/2";
+constexpr size_t kMaxHostBytes = 253;  // a DNS name
+constexpr int kMaxDb = 1 << 20;
+
+// The URL is not echoed: it may hold a password.
+absl::Status UrlError(absl::string_view variable, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(variable, ": ", what, "; ", kUrlForm));
+}
+
+bool IsHostNameChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+         c == '.' || c == '_';
+}
+
+// Decimal in [low, high], digits only.
+bool ParseBoundedInt(absl::string_view text, int low, int high, int* out) {
+  if (text.empty() || text.size() > 9) return false;
+  for (const char c : text) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  int value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < low || value > high) {
+    return false;
+  }
+  *out = value;
+  return true;
+}
+
+SipKey SecretKey(absl::string_view secret) {
+  // Two fixed keys spread the secret over the 128 key bits.
+  constexpr SipKey kFirst{0x7472616666696372ull, 0x6174652d636c7573ull};
+  constexpr SipKey kSecond{0x7465722d73656372ull, 0x65742d6b65792d32ull};
+  return SipKey{SipHash24(kFirst, secret.data(), secret.size()),
+                SipHash24(kSecond, secret.data(), secret.size())};
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterUrl> ParseClusterUrl(absl::string_view url,
+                                           absl::string_view variable) {
+  if (absl::StartsWith(url, "rediss://")) {
+    return UrlError(variable,
+                    "TLS (rediss://) is not supported: Debian 12's hiredis "
+                    "0.14 has no TLS; reach Redis over a trusted network or "
+                    "a tunnel");
+  }
+  absl::string_view rest = url;
+  if (!absl::ConsumePrefix(&rest, "redis://")) {
+    return UrlError(variable, "is not a redis:// URL");
+  }
+  ClusterUrl parsed;
+  // Credentials: everything before the last '@' (a password may hold '@').
+  if (const size_t at = rest.rfind('@'); at != absl::string_view::npos) {
+    const absl::string_view credentials = rest.substr(0, at);
+    rest.remove_prefix(at + 1);
+    const size_t colon = credentials.find(':');
+    if (colon == absl::string_view::npos) {
+      return UrlError(variable,
+                      "the part before @ must be :PASSWORD or USER:PASSWORD");
+    }
+    parsed.user = std::string(credentials.substr(0, colon));
+    parsed.password = std::string(credentials.substr(colon + 1));
+    if (parsed.password.empty()) {
+      return UrlError(variable, "the password after : is empty");
+    }
+  }
+  absl::string_view authority = rest;
+  absl::string_view path;
+  if (const size_t slash = rest.find('/'); slash != absl::string_view::npos) {
+    authority = rest.substr(0, slash);
+    path = rest.substr(slash + 1);
+  }
+  absl::string_view host = authority;
+  absl::string_view port;
+  if (absl::ConsumePrefix(&host, "[")) {
+    const size_t close = host.find(']');
+    if (close == absl::string_view::npos) {
+      return UrlError(variable, "an IPv6 address needs its closing ]");
+    }
+    port = host.substr(close + 1);
+    host = host.substr(0, close);
+    if (!port.empty() && !absl::ConsumePrefix(&port, ":")) {
+      return UrlError(variable, "expected :PORT after ]");
+    }
+    bool ok = !host.empty();
+    for (const char c : host) {
+      ok = ok && (absl::ascii_isxdigit(static_cast<unsigned char>(c)) ||
+                  c == ':' || c == '.');
+    }
+    if (!ok) return UrlError(variable, "bad IPv6 address in [ ]");
+  } else {
+    if (const size_t colon = host.find(':'); colon != absl::string_view::npos) {
+      port = host.substr(colon + 1);
+      host = host.substr(0, colon);
+      if (port.empty()) return UrlError(variable, "the port is empty");
+    }
+    bool ok = !host.empty() && host.size() <= kMaxHostBytes;
+    for (const char c : host) ok = ok && IsHostNameChar(c);
+    if (!ok) return UrlError(variable, "the host is missing or invalid");
+  }
+  parsed.host = std::string(host);
+  if (!port.empty() && !ParseBoundedInt(port, 1, 65535, &parsed.port)) {
+    return UrlError(variable, "the port must be 1 to 65535");
+  }
+  if (!path.empty() && !ParseBoundedInt(path, 0, kMaxDb, &parsed.db)) {
+    return UrlError(variable,
+                    absl::StrCat("the database after / must be 0 to ", kMaxDb));
+  }
+  return parsed;
+}
+
+std::string DescribeClusterUrl(const ClusterUrl& url) {
+  const bool v6 = url.host.find(':') != std::string::npos;
+  return absl::StrCat(
+      "redis://", url.password.empty() ? "" : absl::StrCat(url.user, ":***@"),
+      v6 ? "[" : "", url.host, v6 ? "]" : "", ":", url.port, "/", url.db);
+}
+
+std::string ClusterKeyName(absl::string_view zone, const void* key,
+                           size_t key_len, absl::string_view secret) {
+  const uint64_t hash = SipHash24(SecretKey(secret), key, key_len);
+  return absl::StrFormat("trafficrate:%s:%016x", zone, hash);
+}
+
+std::vector<double> MaxMinShares(double rate,
+                                 absl::Span<const HostDemand> hosts) {
+  std::vector<double> shares(hosts.size(), 0.0);
+  std::vector<size_t> order;
+  double weight = 0;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (hosts[i].connections == 0) continue;
+    order.push_back(i);
+    weight += hosts[i].connections;
+  }
+  if (order.empty() || !(rate > 0)) return shares;
+  // Lowest demand per connection first: those are the hosts that may want
+  // less than their shares.
+  auto per_connection = [&hosts](size_t i) {
+    const double d = std::isnan(hosts[i].demand) ? 0 : hosts[i].demand;
+    return std::max(0.0, d) / hosts[i].connections;
+  };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return per_connection(a) < per_connection(b);
+  });
+  double left = rate;
+  double left_weight = weight;
+  size_t first_unsatisfied = order.size();
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
+    const double level = left / left_weight;
+    if (per_connection(i) >= level) {
+      first_unsatisfied = k;
+      break;
+    }
+    shares[i] = per_connection(i) * hosts[i].connections;
+    left -= shares[i];
+    left_weight -= hosts[i].connections;
+  }
+  if (first_unsatisfied < order.size()) {
+    // The rest share what is left, per connection.
+    const double level = left / left_weight;
+    for (size_t k = first_unsatisfied; k < order.size(); ++k) {
+      shares[order[k]] = level * hosts[order[k]].connections;
+    }
+  } else if (left > 0) {
+    // Every host wants less than its share: the spare goes to all, by
+    // connections, so each can grow into it.
+    for (const size_t i : order) {
+      shares[i] += left * hosts[i].connections / weight;
+    }
+  }
+  return shares;
+}
+
+double FallbackShare(double last_share, double rate, int64_t since_ns,
+                     int64_t decay_ns) {
+  if (!(last_share >= 0) || last_share > rate) last_share = rate;
+  if (since_ns <= 0) return last_share;
+  if (decay_ns <= 0 || since_ns >= decay_ns) return rate;
+  const double f =
+      static_cast<double>(since_ns) / static_cast<double>(decay_ns);
+  return last_share + (rate - last_share) * f;
+}
+
+}  // namespace trafficrate
