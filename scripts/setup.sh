@@ -9,6 +9,7 @@
 TRAFFICRATE_PACKAGES=(
   cmake ninja-build g++ clang-format git
   libabsl-dev libgtest-dev googletest
+  libhiredis-dev redis-server     # the Redis exchange and its tests (issue 13)
   python3 python3-pytest python3-prometheus-client
   nginx curl wrk openssl iproute2 util-linux procps
   apache2 lighttpd aria2 nodejs   # the other real servers and client of test_servers.py

@@ -1,0 +1,85 @@
+// One host's exchange of per-key figures with the other hosts of a fleet
+// through Redis (issue 13; not wired into the library yet). Blocking, with
+// a timeout: it runs in a thread of its own, never inside an interposed
+// call.
+//
+//   ClusterExchange ex(url, "web", "host-a", /*ttl_ms=*/300);
+//   absl::StatusOr<std::vector<PeerFigures>> peers =
+//       ex.Exchange({{"trafficrate:web:1f2e...", 51200.0, 2}},
+//                   absl::Milliseconds(50));
+//
+// In Redis, per zone: the hash trafficrate:ZONE:host:ID of each host (field:
+// the key's ClusterKeyName, value: "DEMAND CONNECTIONS", and a heartbeat
+// field "."), replaced whole
+// every exchange (written under a temporary name with its expiry, then
+// RENAMEd over the old one, so a reader never sees it half-written) and
+// expiring ttl_ms after its host's last exchange; and the set
+// trafficrate:ZONE:hosts of host ids. One exchange is one pipelined round
+// trip: write this host's hash, add it to the set, read the set and every
+// host's hash that the previous exchange listed (a host whose hash has
+// expired reads empty and is taken out of the set in the next one). So a
+// new host's figures are read from the second exchange after it joined.
+
+#ifndef TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
+#define TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "src/cluster.h"
+
+struct redisContext;
+
+namespace trafficrate {
+
+// A key's figures on one host.
+struct KeyFigures {
+  std::string name;  // ClusterKeyName
+  double demand = 0;
+  uint32_t connections = 0;
+};
+
+struct PeerFigures {
+  std::string host;  // its id
+  std::vector<KeyFigures> keys;
+};
+
+class ClusterExchange {
+ public:
+  ClusterExchange(ClusterUrl url, std::string zone, std::string host_id,
+                  int64_t ttl_ms);
+  ~ClusterExchange();
+  ClusterExchange(const ClusterExchange&) = delete;
+  ClusterExchange& operator=(const ClusterExchange&) = delete;
+
+  // Publishes `mine` and returns the other live hosts' figures (as of the
+  // previous exchange's host list). Connects (and AUTHs, SELECTs) first if
+  // not connected; any error drops the connection, so the next call starts
+  // afresh. UnavailableError when Redis cannot be reached or answers late
+  // (each step bounded by `timeout`), FailedPreconditionError when it
+  // refuses (AUTH, a wrong type under our names).
+  absl::StatusOr<std::vector<PeerFigures>> Exchange(
+      absl::Span<const KeyFigures> mine, absl::Duration timeout);
+
+  bool connected() const { return context_ != nullptr; }
+
+ private:
+  absl::Status Connect(absl::Duration timeout);
+  void Drop();
+
+  ClusterUrl url_;
+  std::string zone_;
+  std::string host_id_;
+  int64_t ttl_ms_;
+  redisContext* context_ = nullptr;
+  std::vector<std::string> known_hosts_;  // from the last exchange
+  std::vector<std::string> gone_;  // read empty then: SREM them next time
+};
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
