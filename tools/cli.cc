@@ -17,7 +17,6 @@
 extern char** environ;
 
 namespace trafficrate {
-namespace {}  // namespace
 
 std::string VersionText() {
   const std::string sanitizers = TRAFFICRATE_SANITIZERS;

@@ -472,6 +472,17 @@ std::string Fill(const std::string& text, size_t width,
   return out;
 }
 
+// A variable's entry in trafficrate(7) and `trafficrate help environment`:
+// its text, its default and the option that sets it.
+std::string VariableText(const VariableDoc& v) {
+  std::string text = v.manual;
+  if (*v.default_of != '\0') {
+    absl::StrAppend(&text, " Default: ", v.default_of, ".");
+  }
+  if (v.option != nullptr) absl::StrAppend(&text, " Option: `", v.option, "`.");
+  return text;
+}
+
 constexpr size_t kWidth = 78;
 constexpr size_t kTermColumn = 18;
 
@@ -648,14 +659,7 @@ std::string ManPage7(const std::string& date) {
     if (std::strcmp(t.topic, "environment") != 0) continue;
     for (const VariableDoc& v : VariableDocs()) {
       absl::StrAppend(&out, ".TP\n", RoffCode(v.variable), "\n",
-                      Roff(v.manual));
-      if (*v.default_of != '\0') {
-        absl::StrAppend(&out, " Default: ", Roff(v.default_of), ".");
-      }
-      if (v.option != nullptr) {
-        absl::StrAppend(&out, " Option: ", RoffCode(v.option), ".");
-      }
-      out += '\n';
+                      Roff(VariableText(v)), "\n");
     }
   }
   absl::StrAppend(&out,
@@ -746,15 +750,8 @@ std::string TopicHelp(const TopicDoc& topic) {
   }
   if (std::strcmp(topic.topic, "environment") == 0) {
     for (const VariableDoc& v : VariableDocs()) {
-      std::string text = v.manual;
-      if (*v.default_of != '\0') {
-        absl::StrAppend(&text, " Default: ", v.default_of, ".");
-      }
-      if (v.option != nullptr) {
-        absl::StrAppend(&text, " Option: ", v.option, ".");
-      }
       absl::StrAppend(&out, "\n", v.variable, "\n",
-                      Fill(text, kWidth, "  ", "  "));
+                      Fill(VariableText(v), kWidth, "  ", "  "));
     }
   }
   return out;
