@@ -27,10 +27,8 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bodies  # noqa: E402
 from clients import run_downloads  # noqa: E402
 from netns_env import BIG_FILE, make_webroot  # noqa: E402
-from procs import children, pid_alive  # noqa: E402
-from servers import NginxServer  # noqa: E402
+from procs import children, wait_for  # noqa: E402
+from servers import NginxServer, PidProcess, Server  # noqa: E402
 
 UNIT = Path("/lib/systemd/system/nginx.service")
 DROPIN_DIR = Path("/etc/systemd/system/nginx.service.d")
@@ -81,21 +79,6 @@ def measure(port, sources, target):
             "report": m.report(), "bytes_problems": problems,
             "bytes_summary": summary,
             "errors": [d.error for d in m.downloads if d.error]}
-
-
-def stop_pids(pids, timeout=10.0):
-    """SIGTERM, then SIGKILL what is left after `timeout`; by pid only."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.05)
-    for pid in pids:
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def preloaded(pid):
@@ -173,13 +156,15 @@ def nginx_under_systemd_dropin(webroot, result):
         steps.append({"argv": argv, **run(argv, timeout=20, env=service_env)})
     result["unit_steps"] = steps
     pid_file = Path("/run/nginx.pid")
-    deadline = time.monotonic() + 10
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not pid_file.exists():
+    if not wait_for(pid_file.exists, 10.0):
         result["unit_error"] = "nginx wrote no /run/nginx.pid"
         return
     master = int(pid_file.read_text().split()[0])
+    # The daemonized master, stopped (with its workers) by pid like the
+    # servers the suite starts itself.
+    service = Server(webroot.parent / "unit")
+    service.proc = PidProcess(master)
+    service.remember([master])
     try:
         result["unit_measure"] = measure(80, ["127.0.0.3"] * 2, 500 * 1024)
         # After the downloads: the workers are up by then.
@@ -188,7 +173,7 @@ def nginx_under_systemd_dropin(webroot, result):
         result["unit_stat"] = run(["trafficrate", "stat", "--zone", env.get(
             "TRAFFICRATE_ZONE", "default"), "--json"])
     finally:
-        stop_pids([master] + list(children(master)))
+        service.stop()
 
 
 def upgrade_over_other_layout(deb, result):

@@ -31,8 +31,7 @@ def words(text):
 
 
 def cli(*args):
-    done = subprocess.run([str(harness.cli_path())] + list(args), capture_output=True,
-                          text=True, timeout=10)
+    done = harness.run_cli(*args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -88,8 +87,7 @@ def test_every_topic_is_in_trafficrate_7():
 
 
 def test_help_names_the_topics_when_given_an_unknown_one():
-    done = subprocess.run([str(harness.cli_path()), "help", "nonsense"], capture_output=True,
-                          text=True, timeout=10)
+    done = harness.run_cli("help", "nonsense")
     assert done.returncode == 2
     assert done.stderr.startswith('trafficrate: help: no command or topic "nonsense"')
     assert "environment, rules, zone, logging, guarantees, limits" in done.stderr

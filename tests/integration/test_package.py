@@ -59,8 +59,7 @@ def installed(deb):
 def test_control_fields_name_the_version_and_shlibdeps_dependencies(deb):
     fields = subprocess.run(["dpkg-deb", "--field", str(deb)], capture_output=True,
                             text=True, timeout=30, check=True).stdout
-    version = subprocess.run([str(harness.cli_path()), "--version"], capture_output=True,
-                             text=True, timeout=10).stdout.split("\n")[0].split()[1]
+    version = harness.run_cli("--version").stdout.split("\n")[0].split()[1]
     assert "Package: trafficrate\n" in fields
     # The version is the project's, with the commit after it in a checkout.
     assert deb.name.startswith("trafficrate_0.") and deb.name.endswith("_amd64.deb")
