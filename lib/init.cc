@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "lib/preload.h"
 #include "lib/real.h"
+#include "src/cluster_agent.h"
 #include "src/config.h"
 #include "src/fd_table.h"
 #include "src/governor.h"
@@ -134,6 +135,16 @@ void Initialize() {
   options.after_bytes = config->after_bytes;
   options.idle_ns = config->idle_ns;
   if (!config->rules.empty()) ApplyRules(*config, &options);
+  if (config->cluster) {
+    ClusterAgentOptions cluster;
+    cluster.url = config->cluster_url;
+    cluster.name = config->cluster_name;
+    cluster.secret = config->cluster_secret;
+    cluster.host_id = DefaultClusterHostId(config->zone_name);
+    cluster.decay_ns = config->cluster_decay_ns;
+    // Never destroyed, like the Governor.
+    options.agent = new ClusterAgent(zone->get(), &g_logger, cluster);
+  }
   // Never destroyed: host threads may still send while the process exits.
   auto* gov = new Governor(zone->release(), table, &g_logger, options);
   pthread_atfork(nullptr, nullptr, &ChildAfterFork);

@@ -57,6 +57,7 @@ SipKey SecretKey(absl::string_view secret) {
 
 absl::StatusOr<ClusterUrl> ParseClusterUrl(absl::string_view url,
                                            absl::string_view variable) {
+  if (url.empty()) return UrlError(variable, "empty");
   if (absl::StartsWith(url, "rediss://")) {
     return UrlError(variable,
                     "TLS (rediss://) is not supported: Debian 12's hiredis "

@@ -2,6 +2,7 @@
 
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <utility>
 
@@ -56,6 +57,11 @@ ClusterExchange::ClusterExchange(ClusterUrl url, std::string zone,
       ttl_ms_(ttl_ms) {}
 
 ClusterExchange::~ClusterExchange() { Drop(); }
+
+void ClusterExchange::ForgetAfterFork() {
+  if (context_ != nullptr && context_->fd >= 0) close(context_->fd);
+  context_ = nullptr;
+}
 
 void ClusterExchange::Drop() {
   if (context_ != nullptr) redisFree(context_);

@@ -66,6 +66,10 @@ class ClusterExchange {
       absl::Span<const KeyFigures> mine, absl::Duration timeout);
 
   bool connected() const { return context_ != nullptr; }
+  // In a child after fork: closes the child's copy of the socket and
+  // forgets the connection, freeing nothing (the child must not allocate
+  // there). The object itself is then leaked by its owner.
+  void ForgetAfterFork();
 
  private:
   absl::Status Connect(absl::Duration timeout);

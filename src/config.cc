@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,6 +77,56 @@ absl::Status ApplyRulesFile(absl::string_view value, const char* also_set,
   return absl::OkStatus();
 }
 
+// TRAFFICRATE_CLUSTER and its companions, which mean nothing without it.
+absl::Status ParseClusterVariables(EnvLookup env, Config* config) {
+  const char* url = env(kEnvCluster);
+  if (url != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config->cluster_url, ParseClusterUrl(url));
+    config->cluster = true;
+  }
+  const char* secret = env(kEnvClusterSecret);
+  if (secret != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config->cluster_secret,
+                                 ParseClusterSecret(secret));
+  }
+  config->cluster_name = config->zone_name;
+  const char* name_value = env(kEnvClusterName);
+  if (const char* value = name_value; value != nullptr) {
+    absl::StatusOr<std::string> name = ParseZoneName(value);
+    if (!name.ok()) {
+      return VariableError(kEnvClusterName, value, "is not a cluster name",
+                           kZoneForm);
+    }
+    config->cluster_name = *name;
+  }
+  const char* decay_value = env(kEnvClusterDecay);
+  if (const char* value = decay_value; value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config->cluster_decay_ns,
+                                 ParseClusterDecayNs(value));
+  }
+  if (config->cluster && secret == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kEnvClusterSecret, ": unset, but ", kEnvCluster, " is set; use ",
+        kMinClusterSecretBytes, " to ", kMaxClusterSecretBytes,
+        " printable characters without spaces, the same on every host "
+        "(client keys are hashed with it before they go to Redis)"));
+  }
+  if (!config->cluster) {
+    const std::pair<const char*, const char*> companions[] = {
+        {kEnvClusterSecret, secret},
+        {kEnvClusterName, name_value},
+        {kEnvClusterDecay, decay_value}};
+    for (const auto& [companion, value] : companions) {
+      if (value != nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            companion, ": set, but ", kEnvCluster, " is not; use it with ",
+            kEnvCluster, "=redis://HOST[:PORT][/DB], or unset ", companion));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<uint64_t> ParseRate(absl::string_view value) {
@@ -142,6 +193,26 @@ absl::StatusOr<uint64_t> ParseBurst(absl::string_view value) {
                         kMaxBurstBytes);
 }
 
+absl::StatusOr<std::string> ParseClusterSecret(absl::string_view value) {
+  bool printable = true;
+  for (const char c : value) {
+    printable = printable && absl::ascii_isgraph(static_cast<uint8_t>(c));
+  }
+  if (value.size() < kMinClusterSecretBytes ||
+      value.size() > kMaxClusterSecretBytes || !printable) {
+    // The secret itself is never shown.
+    return absl::InvalidArgumentError(absl::StrCat(
+        kEnvClusterSecret, ": ", value.empty() ? "empty" : "not accepted",
+        "; use ", kMinClusterSecretBytes, " to ", kMaxClusterSecretBytes,
+        " printable characters without spaces, the same on every host"));
+  }
+  return std::string(value);
+}
+
+absl::StatusOr<int64_t> ParseClusterDecayNs(absl::string_view value) {
+  return ParseDurationNs(kEnvClusterDecay, value, 0, kMaxClusterDecayNs);
+}
+
 absl::string_view ShareModeName(ShareMode mode) {
   return mode == ShareMode::kEqual ? "equal" : "budget";
 }
@@ -203,6 +274,7 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   if (const char* value = env(kEnvConfig); value != nullptr) {
     TRAFFICRATE_RETURN_IF_ERROR(ApplyRulesFile(value, replaced, &config));
   }
+  TRAFFICRATE_RETURN_IF_ERROR(ParseClusterVariables(env, &config));
   return config;
 }
 

@@ -44,6 +44,18 @@
 //                          TRAFFICRATE_RATE, _KEY, _PORTS, _EXEMPT, _AFTER
 //                          and _BURST (set together with it, they are an
 //                          error)
+//   TRAFFICRATE_CLUSTER    redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]
+//                          (cluster.h): share each key's rate with the other
+//                          hosts of a fleet through that Redis server
+//                          (cluster_agent.h). Unset: this host alone.
+//   TRAFFICRATE_CLUSTER_SECRET  required with TRAFFICRATE_CLUSTER: 16 to 256
+//                          characters, the same on every host; client keys
+//                          are hashed with it before they go to Redis
+//   TRAFFICRATE_CLUSTER_NAME    the fleet's namespace in Redis (the zone's
+//                          name rule); default: the zone name
+//   TRAFFICRATE_CLUSTER_DECAY   while Redis is away, how long the last
+//                          shares take to move to the full local rate;
+//                          0 .. 600s, default 10s
 // A variable that is set but empty is an error, not "use the default": an
 // empty value is usually a shell variable that was meant to hold something.
 
@@ -59,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "src/budget.h"
+#include "src/cluster.h"
 #include "src/key.h"
 #include "src/rules.h"
 #include "src/rules_file.h"
@@ -79,11 +92,17 @@ inline constexpr const char* kEnvShare = "TRAFFICRATE_SHARE";
 inline constexpr const char* kEnvBurst = "TRAFFICRATE_BURST";
 inline constexpr const char* kEnvInherited = "TRAFFICRATE_INHERITED";
 inline constexpr const char* kEnvConfig = "TRAFFICRATE_CONFIG";
+inline constexpr const char* kEnvCluster = "TRAFFICRATE_CLUSTER";
+inline constexpr const char* kEnvClusterSecret = "TRAFFICRATE_CLUSTER_SECRET";
+inline constexpr const char* kEnvClusterName = "TRAFFICRATE_CLUSTER_NAME";
+inline constexpr const char* kEnvClusterDecay = "TRAFFICRATE_CLUSTER_DECAY";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate,   kEnvKey,   kEnvZone,      kEnvZoneSize, kEnvPorts,
-    kEnvExempt, kEnvAfter, kEnvLog,       kEnvStrict,   kEnvIdle,
-    kEnvShare,  kEnvBurst, kEnvInherited, kEnvConfig};
+    kEnvRate,        kEnvKey,         kEnvZone,    kEnvZoneSize,
+    kEnvPorts,       kEnvExempt,      kEnvAfter,   kEnvLog,
+    kEnvStrict,      kEnvIdle,        kEnvShare,   kEnvBurst,
+    kEnvInherited,   kEnvConfig,      kEnvCluster, kEnvClusterSecret,
+    kEnvClusterName, kEnvClusterDecay};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
@@ -94,6 +113,10 @@ inline constexpr int64_t kMinIdleNs = 1'000'000;                    // 1ms
 inline constexpr int64_t kMaxIdleNs = 60'000'000'000;               // 60s
 inline constexpr uint64_t kMinBurstBytes = uint64_t{1} << 10;       // 1k
 inline constexpr uint64_t kMaxBurstBytes = uint64_t{1} << 30;       // 1g
+inline constexpr size_t kMinClusterSecretBytes = 16;
+inline constexpr size_t kMaxClusterSecretBytes = 256;
+inline constexpr int64_t kMaxClusterDecayNs = 600'000'000'000;  // 600s
+inline constexpr int64_t kDefaultClusterDecayNs = 10'000'000'000;
 
 enum class LogTarget { kStderr, kSyslog, kOff, kFile };
 
@@ -122,6 +145,13 @@ struct Config {
   // rule unlimited: nothing to govern).
   std::string rules_path;
   std::vector<Rule> rules;
+  // TRAFFICRATE_CLUSTER and its companions (cluster_agent.h); cluster
+  // false without it.
+  bool cluster = false;
+  ClusterUrl cluster_url;
+  std::string cluster_secret;
+  std::string cluster_name;  // the zone name unless set
+  int64_t cluster_decay_ns = kDefaultClusterDecayNs;
 };
 
 // Looks a variable up; returns nullptr when it is unset. The returned string
@@ -164,6 +194,13 @@ ABSL_MUST_USE_RESULT absl::StatusOr<ShareMode> ParseShare(
     absl::string_view value);
 // TRAFFICRATE_BURST: see the file comment.
 ABSL_MUST_USE_RESULT absl::StatusOr<uint64_t> ParseBurst(
+    absl::string_view value);
+// TRAFFICRATE_CLUSTER_SECRET: kMinClusterSecretBytes to
+// kMaxClusterSecretBytes printable characters; never echoed in errors.
+ABSL_MUST_USE_RESULT absl::StatusOr<std::string> ParseClusterSecret(
+    absl::string_view value);
+// TRAFFICRATE_CLUSTER_DECAY: a duration, 0 .. 600s. Returns nanoseconds.
+ABSL_MUST_USE_RESULT absl::StatusOr<int64_t> ParseClusterDecayNs(
     absl::string_view value);
 // "budget" or "equal", as TRAFFICRATE_SHARE takes it.
 absl::string_view ShareModeName(ShareMode mode);

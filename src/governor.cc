@@ -1044,6 +1044,7 @@ int Governor::AdoptInherited() {
 
 void Governor::AfterForkChild() {
   watcher_.AfterForkChild();
+  if (options_.agent != nullptr) options_.agent->AfterForkChild();
   pid_ = static_cast<int32_t>(getpid());
   table_->ClearPinsAfterFork();
   // The parent's drains are the parent's to finish; the fds that keep them
@@ -1290,6 +1291,9 @@ void Governor::PassThroughAll() {
 }
 
 void Governor::ReapDead() {
+  if (options_.agent != nullptr && watcher_.proc_index() != kNoSlot) {
+    options_.agent->Poll(watcher_.proc_index(), MonotonicNowNs());
+  }
   uint32_t procs = 0;
   const uint32_t conns = zone_->ReapDead(&procs);
   if (conns > 0) {

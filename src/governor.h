@@ -46,6 +46,18 @@ namespace trafficrate {
 // SO_MAX_PACING_RATE of a socket the kernel does not pace.
 inline constexpr uint64_t kUnpaced = ~uint64_t{0};
 
+// Work of the zone's that one process at a time does, outside the host's
+// calls (the fleet exchange, cluster_agent.h). The watcher polls it.
+class ZoneAgent {
+ public:
+  virtual ~ZoneAgent() = default;
+  // From the watcher of process slot `proc`, about every reap interval:
+  // takes the work over if nobody does it.
+  virtual void Poll(uint32_t proc, int64_t now_ns) = 0;
+  // In the child after fork: whatever ran in the parent did not survive.
+  virtual void AfterForkChild() = 0;
+};
+
 struct GovernorOptions : WatcherTiming {
   KeySpec key;
   // TRAFFICRATE_PORTS and TRAFFICRATE_EXEMPT, decided once per connection at
@@ -60,6 +72,9 @@ struct GovernorOptions : WatcherTiming {
   // rule. `trafficrate reload` makes the watcher read the file again.
   std::string rules_path;
   std::vector<Rule> file_rules;
+  // The fleet exchange (TRAFFICRATE_CLUSTER), or null. Not owned; outlives
+  // the Governor.
+  ZoneAgent* agent = nullptr;
 };
 
 // A rules file's rules as the accept path reads them, with the zone rule of

@@ -144,7 +144,7 @@ bool Governor::BudgetWanted() const {
 }
 
 uint64_t Governor::ShareFor(const KeySlotShm& key) const {
-  const uint64_t rate = zone_->RuleRate(zone_->RuleOf(key));
+  const uint64_t rate = zone_->KeyRate(key);
   const uint32_t active = key.active.load(std::memory_order_acquire);
   if (rate == 0 || active > zone_->conn_capacity()) {
     // Figures no process writes: a share from them could pace the key's
@@ -472,7 +472,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   const uint64_t published = state.level_bytes_per_sec;
   const uint64_t pending = key.start_pending.load(std::memory_order_relaxed);
   const uint32_t active = key.active.load(std::memory_order_relaxed);
-  const BudgetSettings settings = zone_->budget_settings(zone_->RuleOf(key));
+  const BudgetSettings settings = zone_->key_budget_settings(key);
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
                       active, packet_bytes, UnderPaceOf(key), pending,
@@ -683,8 +683,8 @@ bool Governor::TickDrains(int64_t now_ns) {
     uint64_t pace = conn.share_bytes_per_sec.load(std::memory_order_relaxed);
     if (pace == 0) {
       const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-      pace = zone_->RuleRate(
-          key < zone_->key_capacity() ? zone_->RuleOf(zone_->key(key)) : 0);
+      pace = key < zone_->key_capacity() ? zone_->KeyRate(zone_->key(key))
+                                         : zone_->RuleRate(0);
     }
     const bool too_old =
         now_ns - local.next_measure_ns.load(std::memory_order_relaxed) >

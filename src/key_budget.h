@@ -27,19 +27,26 @@ namespace trafficrate {
 inline constexpr int64_t kLeaseMs = 3 * kBudgetTickNs / 1'000'000;
 inline constexpr uint64_t kLeaseExpiryMask = (uint64_t{1} << 48) - 1;
 
-// Takes or renews the key's lease for process slot proc (below 65535).
-// False while another live process holds it.
-inline bool TryTakeLease(KeySlotShm& key, uint32_t proc, int64_t now_ns) {
+// A lease word, (proc + 1) << 48 | expiry in CLOCK_MONOTONIC ms: taken (or
+// renewed) by `proc` for lease_ms if it is free, expired or its own.
+inline bool TryTakeLeaseWord(std::atomic<uint64_t>& word, uint32_t proc,
+                             int64_t now_ns, int64_t lease_ms) {
   const uint64_t now_ms = static_cast<uint64_t>(now_ns / 1'000'000);
   const uint64_t me = uint64_t{proc} + 1;
-  uint64_t seen = key.lease.load(std::memory_order_acquire);
+  uint64_t seen = word.load(std::memory_order_acquire);
   const uint64_t owner = seen >> 48;
   if (owner != 0 && owner != me && (seen & kLeaseExpiryMask) > now_ms) {
     return false;
   }
-  const uint64_t mine = me << 48 | ((now_ms + kLeaseMs) & kLeaseExpiryMask);
-  return key.lease.compare_exchange_strong(seen, mine,
-                                           std::memory_order_acq_rel);
+  const uint64_t mine = me << 48 | ((now_ms + static_cast<uint64_t>(lease_ms)) &
+                                    kLeaseExpiryMask);
+  return word.compare_exchange_strong(seen, mine, std::memory_order_acq_rel);
+}
+
+// Takes or renews the key's lease for process slot proc (below 65535).
+// False while another live process holds it.
+inline bool TryTakeLease(KeySlotShm& key, uint32_t proc, int64_t now_ns) {
+  return TryTakeLeaseWord(key.lease, proc, now_ns, kLeaseMs);
 }
 
 // KeySlotShm::budget_aux: what the lease holder writes (ticks under the

@@ -996,6 +996,34 @@ BudgetSettings Zone::budget_settings(uint32_t rule) const {
       std::min<uint64_t>(RuleBurst(rule), kMaxBurstBytes)};
 }
 
+uint64_t Zone::KeyRate(const KeySlotShm& key) const {
+  const uint64_t rate = RuleRate(RuleOf(key));
+  const uint64_t share = key.cluster_share.load(std::memory_order_relaxed);
+  if (share == 0 || share >= rate) return rate;
+  const int64_t beat = header_->cluster.beat_ns.load(std::memory_order_relaxed);
+  const int64_t now = MonotonicNowNs();
+  if (beat == 0 || now - beat > kClusterStaleNs ||
+      beat - now > kClusterStaleNs) {
+    return rate;
+  }
+  return share;
+}
+
+BudgetSettings Zone::key_budget_settings(const KeySlotShm& key) const {
+  const uint32_t rule = RuleOf(key);
+  BudgetSettings settings = budget_settings(rule);
+  const uint64_t rate = KeyRate(key);
+  if (rate == settings.rate_bytes_per_sec || rate == 0) return settings;
+  const uint64_t burst =
+      rule == 0 ? header_->burst_bytes.load(std::memory_order_relaxed)
+      : rule < kZoneRules
+          ? header_->rules[rule].burst_bytes.load(std::memory_order_relaxed)
+          : 0;
+  settings.rate_bytes_per_sec = std::min(rate, kMaxRateBytesPerSec);
+  if (burst == 0) settings.burst_bytes = DefaultBurstBytes(rate);
+  return settings;
+}
+
 uint32_t Zone::RuleOfKeyBytes(const uint8_t* key_bytes) {
   return __atomic_load_n(&key_bytes[kKeyRuleByte], __ATOMIC_RELAXED);
 }
@@ -1120,7 +1148,7 @@ void Zone::SetRuleRate(uint32_t rule, uint64_t rate_bytes_per_sec) {
 void Zone::AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after) {
   if (share_mode() != ShareMode::kBudget) return;
   const BudgetState next = BudgetMembershipChange(
-      LoadBudget(key), budget_settings(RuleOf(key)), before, after);
+      LoadBudget(key), key_budget_settings(key), before, after);
   key.boost.store(next.boost, std::memory_order_relaxed);
   key.level_bytes_per_sec.store(next.level_bytes_per_sec,
                                 std::memory_order_relaxed);

@@ -221,6 +221,16 @@ class Zone {
   uint64_t burst_bytes() const { return RuleBurst(0); }
   // The live rate and burst of a rule, for the budget controller.
   BudgetSettings budget_settings(uint32_t rule = 0) const;
+  // A key's rate on this host: its rule's rate, or, while the zone's
+  // cluster agent is alive (its beat at most kClusterStaleNs old), this
+  // host's share of it across the fleet (KeySlotShm::cluster_share, at most
+  // the rule's rate). Lock-free, no allocation: the hot path's.
+  uint64_t KeyRate(const KeySlotShm& key) const;
+  // budget_settings of the key's rule with KeyRate as the rate (a default
+  // burst follows it).
+  BudgetSettings key_budget_settings(const KeySlotShm& key) const;
+  // The cluster agent's shared state (zone_layout.h).
+  ClusterShm& cluster() const { return header_->cluster; }
 
   // Rules (RuleSlotShm): a key's rule is its byte kKeyRuleByte. Rule 0 is
   // the header's rate, key spec and burst. Lock-free; any index is safe (one

@@ -28,7 +28,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 8;
+inline constexpr uint32_t kZoneLayoutVersion = 9;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -70,7 +70,13 @@ struct KeySlotShm {
   std::atomic<uint64_t> start_pending;
   std::atomic<int64_t> budget_start_ns;
   std::atomic<uint64_t> start_allowance;
-  uint64_t reserved0;
+  // Fleet sharing (cluster_agent.h), written by the zone's cluster agent
+  // only: this host's budget for the key (its max-min share of the rate
+  // across hosts; 0: none, the rule's rate), and, as of the last exchange,
+  // the key's sending connections on every host and the hosts they are on.
+  std::atomic<uint64_t> cluster_share;
+  std::atomic<uint32_t> cluster_active;
+  std::atomic<uint32_t> cluster_hosts;
 };
 
 struct ConnSlotShm {
@@ -129,6 +135,39 @@ struct RuleSlotShm {
   std::atomic<uint32_t> key_spec;            // rules 1..; PackKeySpec
   uint32_t reserved0;
   uint64_t reserved1;
+};
+
+// The zone's cluster agent: the lease (one process per zone exchanges with
+// the other hosts), its state and counters for stat, and its URL and host
+// id as shown. Written by the lease holder only, without the zone lock
+// (text one relaxed byte at a time); read by anyone.
+enum ClusterState : uint32_t {
+  kClusterOff = 0,  // no agent has run in this zone
+  kClusterConnecting = 1,
+  kClusterConnected = 2,
+  kClusterFallback = 3,  // Redis away: the local policy (cluster_agent.h)
+};
+inline constexpr size_t kClusterTextBytes = 96;
+// Key slots' cluster shares count while the agent's beat is at most this
+// old: an agent that died (and no process of the zone took over) leaves
+// every key its rule's rate.
+inline constexpr int64_t kClusterStaleNs = 2'000'000'000;
+struct ClusterShm {
+  std::atomic<uint64_t> lease;  // (proc + 1) << 48 | expiry in ms
+  // CLOCK_MONOTONIC of the agent's last pass, successful or not: key slots'
+  // cluster_share counts only while this is recent (Zone::KeyRate).
+  std::atomic<int64_t> beat_ns;
+  std::atomic<int64_t> last_exchange_ns;  // the last successful one
+  std::atomic<uint32_t> state;            // ClusterState
+  std::atomic<uint32_t> peers;            // other hosts at the last exchange
+  std::atomic<uint32_t> rtt_us;           // its round trip
+  std::atomic<int32_t> pid;               // the lease holder's
+  std::atomic<uint64_t> exchanges;        // successful
+  std::atomic<uint64_t> failures;         // failed (each pass)
+  std::atomic<uint64_t> fallbacks;        // times it fell back
+  uint8_t url[kClusterTextBytes];         // DescribeClusterUrl, NUL-padded
+  uint8_t name[kClusterTextBytes];        // TRAFFICRATE_CLUSTER_NAME
+  uint8_t host[kClusterTextBytes];        // this host's id in Redis
 };
 
 enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
@@ -203,13 +242,15 @@ struct ZoneHeaderShm {
   // Sockets passed between processes and not yet received.
   HandoffSlotShm handoffs[kHandoffSlots];
   RuleSlotShm rules[kZoneRules];
+  // Fleet sharing through Redis (cluster_agent.h).
+  ClusterShm cluster;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<uint16_t>::is_always_lock_free);
 static_assert(std::is_standard_layout_v<KeySlotShm> &&
-              sizeof(KeySlotShm) == 160);
+              sizeof(KeySlotShm) == 168);
 static_assert(std::is_standard_layout_v<ConnSlotShm> &&
               sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&
@@ -218,8 +259,10 @@ static_assert(std::is_standard_layout_v<HandoffSlotShm> &&
               sizeof(HandoffSlotShm) == 32);
 static_assert(std::is_standard_layout_v<RuleSlotShm> &&
               sizeof(RuleSlotShm) == 64);
+static_assert(std::is_standard_layout_v<ClusterShm> &&
+              sizeof(ClusterShm) == 352);
 static_assert(std::is_standard_layout_v<ZoneHeaderShm> &&
-              sizeof(ZoneHeaderShm) == 2368);
+              sizeof(ZoneHeaderShm) == 2720);
 
 }  // namespace trafficrate
 

@@ -136,9 +136,11 @@ TEST(ParseConfigTest, AllVariablesSet) {
 
 TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
   const std::vector<std::string> want = {
-      kEnvRate,   kEnvKey,   kEnvZone,      kEnvZoneSize, kEnvPorts,
-      kEnvExempt, kEnvAfter, kEnvLog,       kEnvStrict,   kEnvIdle,
-      kEnvShare,  kEnvBurst, kEnvInherited, kEnvConfig};
+      kEnvRate,        kEnvKey,         kEnvZone,    kEnvZoneSize,
+      kEnvPorts,       kEnvExempt,      kEnvAfter,   kEnvLog,
+      kEnvStrict,      kEnvIdle,        kEnvShare,   kEnvBurst,
+      kEnvInherited,   kEnvConfig,      kEnvCluster, kEnvClusterSecret,
+      kEnvClusterName, kEnvClusterDecay};
   std::vector<std::string> seen;
   ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
                 seen.push_back(name);
@@ -178,6 +180,84 @@ TEST(ParseConfigTest, EachEmptyVariableIsAnError) {
 TEST(ParseConfigTest, FirstErrorWins) {
   FakeEnv env = {{kEnvRate, "0"}, {kEnvStrict, "2"}};
   ExpectErrorNaming(env.Parse().status(), kEnvRate);
+}
+
+TEST(ParseConfigTest, ClusterVariables) {
+  FakeEnv env = {{kEnvRate, "1m"},
+                 {kEnvZone, "web"},
+                 {kEnvCluster, "redis://:pw@10.0.0.5:6380/2"},
+                 {kEnvClusterSecret, "0123456789abcdef"},
+                 {kEnvClusterDecay, "3s"}};
+  const Config config = env.Parse().value();
+  EXPECT_TRUE(config.cluster);
+  EXPECT_EQ(config.cluster_url.host, "10.0.0.5");
+  EXPECT_EQ(config.cluster_url.port, 6380);
+  EXPECT_EQ(config.cluster_url.db, 2);
+  EXPECT_EQ(config.cluster_secret, "0123456789abcdef");
+  EXPECT_EQ(config.cluster_name, "web");  // the zone's name by default
+  EXPECT_EQ(config.cluster_decay_ns, 3'000'000'000);
+  env.Set(kEnvClusterName, "fleet-1");
+  EXPECT_EQ(env.Parse().value().cluster_name, "fleet-1");
+}
+
+TEST(ParseConfigTest, ClusterOffByDefault) {
+  FakeEnv env = {{kEnvRate, "1m"}};
+  const Config config = env.Parse().value();
+  EXPECT_FALSE(config.cluster);
+  EXPECT_EQ(config.cluster_decay_ns, kDefaultClusterDecayNs);
+}
+
+TEST(ParseConfigTest, ClusterNeedsASecret) {
+  FakeEnv env = {{kEnvRate, "1m"}, {kEnvCluster, "redis://127.0.0.1"}};
+  const absl::Status status = env.Parse().status();
+  ExpectErrorNaming(status, kEnvClusterSecret);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("unset"));
+}
+
+TEST(ParseConfigTest, ClusterCompanionsNeedTheUrl) {
+  const std::pair<const char*, const char*> companions[] = {
+      {kEnvClusterSecret, "0123456789abcdef"},
+      {kEnvClusterName, "fleet"},
+      {kEnvClusterDecay, "1s"}};
+  for (const auto& [name, value] : companions) {
+    FakeEnv env = {{kEnvRate, "1m"}};
+    env.Set(name, value);
+    const absl::Status status = env.Parse().status();
+    ExpectErrorNaming(status, name);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr(std::string(kEnvCluster) + " is not"));
+  }
+}
+
+TEST(ParseConfigTest, ClusterSecretIsCheckedAndNeverShown) {
+  const std::string bad[] = {"short", "has a space in it here",
+                             "tab\tinside-0123456789", std::string(257, 'x')};
+  for (const std::string& secret : bad) {
+    FakeEnv env = {{kEnvRate, "1m"}, {kEnvCluster, "redis://127.0.0.1"}};
+    env.Set(kEnvClusterSecret, secret);
+    const absl::Status status = env.Parse().status();
+    ExpectErrorNaming(status, kEnvClusterSecret);
+    EXPECT_THAT(std::string(status.message()),
+                Not(HasSubstr(secret.substr(0, 5))))
+        << secret;
+  }
+}
+
+TEST(ParseConfigTest, ClusterUrlAndDecayErrorsNameTheVariable) {
+  const std::pair<const char*, const char*> bad_values[] = {
+      {kEnvCluster, "http://x"},    {kEnvCluster, "rediss://x"},
+      {kEnvCluster, "redis://"},    {kEnvCluster, "redis://h:0"},
+      {kEnvCluster, "redis://h/x"}, {kEnvClusterDecay, "601s"},
+      {kEnvClusterDecay, "soon"},   {kEnvClusterName, "a/b"}};
+  for (const auto& [name, value] : bad_values) {
+    FakeEnv env = {{kEnvRate, "1m"},
+                   {kEnvCluster, "redis://127.0.0.1"},
+                   {kEnvClusterSecret, "0123456789abcdef"}};
+    env.Set(name, value);
+    const absl::Status status = env.Parse().status();
+    ExpectErrorNaming(status, name);
+    EXPECT_EQ(std::string(status.message()).find('\n'), std::string::npos);
+  }
 }
 
 TEST(ParseRateTest, Bounds) {

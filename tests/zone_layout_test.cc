@@ -15,7 +15,8 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 8u);
+  EXPECT_EQ(kZoneLayoutVersion, 9u);
+  EXPECT_EQ(kClusterTextBytes, 96u);
   EXPECT_EQ(kZoneRules, 16u);
   EXPECT_EQ(kRuleNameBytes, 32u);
   EXPECT_EQ(kKeyRuleByte, 18u);
@@ -28,7 +29,7 @@ TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
 }
 
 TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ZoneHeaderShm), 2368u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm), 2720u);
   EXPECT_EQ(alignof(ZoneHeaderShm), 8u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, magic), 0u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, layout_version), 8u);
@@ -75,6 +76,28 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(kHandoffSlots, 32u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, rules), 1344u);
   EXPECT_EQ(sizeof(ZoneHeaderShm::rules), 64u * kZoneRules);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, cluster), 2368u);
+}
+
+TEST(ZoneLayoutTest, ClusterShmFieldsArePinned) {
+  EXPECT_EQ(sizeof(ClusterShm), 352u);
+  EXPECT_EQ(offsetof(ClusterShm, lease), 0u);
+  EXPECT_EQ(offsetof(ClusterShm, beat_ns), 8u);
+  EXPECT_EQ(offsetof(ClusterShm, last_exchange_ns), 16u);
+  EXPECT_EQ(offsetof(ClusterShm, state), 24u);
+  EXPECT_EQ(offsetof(ClusterShm, peers), 28u);
+  EXPECT_EQ(offsetof(ClusterShm, rtt_us), 32u);
+  EXPECT_EQ(offsetof(ClusterShm, pid), 36u);
+  EXPECT_EQ(offsetof(ClusterShm, exchanges), 40u);
+  EXPECT_EQ(offsetof(ClusterShm, failures), 48u);
+  EXPECT_EQ(offsetof(ClusterShm, fallbacks), 56u);
+  EXPECT_EQ(offsetof(ClusterShm, url), 64u);
+  EXPECT_EQ(offsetof(ClusterShm, name), 160u);
+  EXPECT_EQ(offsetof(ClusterShm, host), 256u);
+  EXPECT_EQ(kClusterOff, 0u);
+  EXPECT_EQ(kClusterConnecting, 1u);
+  EXPECT_EQ(kClusterConnected, 2u);
+  EXPECT_EQ(kClusterFallback, 3u);
 }
 
 TEST(ZoneLayoutTest, RuleSlotShmFieldsArePinned) {
@@ -97,7 +120,7 @@ TEST(ZoneLayoutTest, HandoffSlotShmFieldsArePinned) {
 }
 
 TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(KeySlotShm), 160u);
+  EXPECT_EQ(sizeof(KeySlotShm), 168u);
   EXPECT_EQ(alignof(KeySlotShm), 8u);
   EXPECT_EQ(offsetof(KeySlotShm, key), 0u);
   EXPECT_EQ(sizeof(KeySlotShm::key), 20u);
@@ -121,7 +144,9 @@ TEST(ZoneLayoutTest, KeySlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(KeySlotShm, start_pending), 128u);
   EXPECT_EQ(offsetof(KeySlotShm, budget_start_ns), 136u);
   EXPECT_EQ(offsetof(KeySlotShm, start_allowance), 144u);
-  EXPECT_EQ(offsetof(KeySlotShm, reserved0), 152u);
+  EXPECT_EQ(offsetof(KeySlotShm, cluster_share), 152u);
+  EXPECT_EQ(offsetof(KeySlotShm, cluster_active), 160u);
+  EXPECT_EQ(offsetof(KeySlotShm, cluster_hosts), 164u);
 }
 
 TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
@@ -230,6 +255,21 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules_generation);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, cluster);
+  fp.Add(sizeof(ClusterShm));
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, lease);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, beat_ns);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, last_exchange_ns);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, state);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, peers);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, rtt_us);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, pid);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, exchanges);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, failures);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, fallbacks);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, url);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, name);
+  TRAFFICRATE_ADD_FIELD(fp, ClusterShm, host);
   fp.Add(sizeof(RuleSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, RuleSlotShm, name);
   TRAFFICRATE_ADD_FIELD(fp, RuleSlotShm, rate_bytes_per_sec);
@@ -263,6 +303,9 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, start_pending);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, budget_start_ns);
   TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, start_allowance);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, cluster_share);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, cluster_active);
+  TRAFFICRATE_ADD_FIELD(fp, KeySlotShm, cluster_hosts);
   fp.Add(sizeof(ConnSlotShm));
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, seq);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, key_index);
@@ -306,6 +349,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {7, 0xcb5af2b0618510c5ULL},  // header handoffs (passed sockets)
       {8,
        0x65408ca54945c10aULL},  // header rules, rules_generation (rules file)
+      {9, 0xcbeea5b6051cc8dbULL},  // header cluster, key cluster share (fleet)
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -390,19 +434,19 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 3962u);
-  EXPECT_EQ(g.conn_capacity, 3962u);
-  EXPECT_EQ(g.proc_capacity, 990u);
+  EXPECT_EQ(g.key_capacity, 3844u);
+  EXPECT_EQ(g.conn_capacity, 3844u);
+  EXPECT_EQ(g.proc_capacity, 961u);
   EXPECT_EQ(g.bucket_count, 4096u);
-  EXPECT_EQ(g.buckets_offset, 2368u);
-  EXPECT_EQ(g.keys_offset, 18752u);
+  EXPECT_EQ(g.buckets_offset, 2752u);
+  EXPECT_EQ(g.keys_offset, 19136u);
 }
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 239u);
-  EXPECT_EQ(g.conn_capacity, 239u);
-  EXPECT_EQ(g.proc_capacity, 59u);
+  EXPECT_EQ(g.key_capacity, 230u);
+  EXPECT_EQ(g.conn_capacity, 230u);
+  EXPECT_EQ(g.proc_capacity, 57u);
   EXPECT_EQ(g.bucket_count, 256u);
 }
 

@@ -252,6 +252,20 @@ void AppendSharedSettings(const Config& config, std::string* out) {
       out, "  strict  %s\n",
       config.strict ? "yes: a bad configuration stops the server at start-up"
                     : "no: a bad configuration leaves the server unpaced");
+  if (!config.cluster) {
+    absl::StrAppend(out,
+                    "  cluster none: each key's rate is this host's alone "
+                    "(set TRAFFICRATE_CLUSTER to share it across hosts)\n");
+  } else {
+    absl::StrAppendFormat(
+        out,
+        "  cluster %s, name %s: each key's rate is shared with the other "
+        "hosts there (client keys hashed with TRAFFICRATE_CLUSTER_SECRET); "
+        "while Redis is away the last shares reach the full local rate in "
+        "%s\n",
+        DescribeClusterUrl(config.cluster_url), config.cluster_name,
+        FormatDurationNs(config.cluster_decay_ns));
+  }
 }
 
 }  // namespace

@@ -124,6 +124,34 @@ std::vector<VariableDoc>* MakeVariableDocs() {
        "and burst, in place of TRAFFICRATE_RATE, _KEY, _PORTS, _EXEMPT, "
        "_AFTER and _BURST, which are then an error.",
        ""},
+      {"TRAFFICRATE_CLUSTER", "--cluster", "URL", "",
+       "share each client's rate with the other hosts of a fleet through "
+       "Redis, e.g. redis://10.0.0.5:6379/0; see `trafficrate help fleet`",
+       "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: share each key's rate "
+       "with the other hosts that use the same Redis server, cluster name "
+       "and secret (FLEET below). No TLS: Debian 12's hiredis has none, so "
+       "rediss:// is refused; reach Redis over a trusted network or a "
+       "tunnel.",
+       "this host alone"},
+      {"TRAFFICRATE_CLUSTER_SECRET", nullptr, "", "", "",
+       "Required with TRAFFICRATE_CLUSTER: 16 to 256 printable characters, "
+       "the same on every host of the fleet. Client keys are hashed with it "
+       "(SipHash-2-4) before they go to Redis, so Redis never holds client "
+       "addresses. No option sets it: a command line is visible to every "
+       "user.",
+       ""},
+      {"TRAFFICRATE_CLUSTER_NAME", "--cluster-name", "NAME", "",
+       "the fleet's name in Redis (default: the zone name)",
+       "The fleet's namespace in Redis (1 to 64 of A-Z a-z 0-9 _ . -): hosts "
+       "share rates when their cluster names and secrets are the same.",
+       "the zone name"},
+      {"TRAFFICRATE_CLUSTER_DECAY", "--cluster-decay", "D", "",
+       "while Redis is away, how long the last shares take to reach the "
+       "full local rate, e.g. 10s",
+       "While Redis cannot be reached, each key's last share moves linearly "
+       "to the full local rate over this long, counted from the last "
+       "exchange: 0 to 600s; 0 gives the full rate at once.",
+       "10s"},
   };
 }
 
