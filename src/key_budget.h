@@ -28,14 +28,19 @@ inline constexpr int64_t kLeaseMs = 3 * kBudgetTickNs / 1'000'000;
 inline constexpr uint64_t kLeaseExpiryMask = (uint64_t{1} << 48) - 1;
 
 // A lease word, (proc + 1) << 48 | expiry in CLOCK_MONOTONIC ms: taken (or
-// renewed) by `proc` for lease_ms if it is free, expired or its own.
+// renewed) by `proc` for lease_ms if it is free, expired or its own (or
+// ends more than lease_ms ahead, which no holder writes).
 inline bool TryTakeLeaseWord(std::atomic<uint64_t>& word, uint32_t proc,
                              int64_t now_ns, int64_t lease_ms) {
   const uint64_t now_ms = static_cast<uint64_t>(now_ns / 1'000'000);
   const uint64_t me = uint64_t{proc} + 1;
   uint64_t seen = word.load(std::memory_order_acquire);
   const uint64_t owner = seen >> 48;
-  if (owner != 0 && owner != me && (seen & kLeaseExpiryMask) > now_ms) {
+  const uint64_t expiry = seen & kLeaseExpiryMask;
+  // A lease ending further ahead than any holder could have set it was not
+  // written by one (a corrupt zone): it is free, or nobody would ever act.
+  if (owner != 0 && owner != me && expiry > now_ms &&
+      expiry - now_ms <= static_cast<uint64_t>(lease_ms)) {
     return false;
   }
   const uint64_t mine = me << 48 | ((now_ms + static_cast<uint64_t>(lease_ms)) &

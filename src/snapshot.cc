@@ -33,6 +33,56 @@ ConnKey KeyOf(const uint8_t (&bytes)[kKeyBytes]) {
   return key;
 }
 
+// A NUL-padded text field of the zone, each byte read atomically; bytes no
+// writer of ours stores (control bytes, non-ASCII) shown as '?'.
+std::string ZoneText(const uint8_t (&field)[kClusterTextBytes]) {
+  std::string text;
+  for (size_t i = 0; i < kClusterTextBytes; ++i) {
+    const uint8_t c = __atomic_load_n(&field[i], __ATOMIC_RELAXED);
+    if (c == 0) break;
+    text += c >= 0x20 && c < 0x7f ? static_cast<char>(c) : '?';
+  }
+  return text;
+}
+
+const char* ClusterStateName(uint32_t state, int64_t beat_ns, int64_t now_ns) {
+  if (beat_ns == 0 || now_ns - beat_ns > kClusterStaleNs ||
+      beat_ns - now_ns > kClusterStaleNs) {
+    return "stale";
+  }
+  switch (state) {
+    case kClusterConnecting:
+      return "connecting";
+    case kClusterConnected:
+      return "connected";
+    case kClusterFallback:
+      return "fallback";
+    default:
+      return "stale";
+  }
+}
+
+// False if no agent has run in the zone.
+bool TakeClusterSnapshot(const ClusterShm& c, int64_t now_ns,
+                         ClusterSnapshot* out) {
+  const uint32_t state = c.state.load(std::memory_order_relaxed);
+  if (state == kClusterOff) return false;
+  out->state = ClusterStateName(
+      state, c.beat_ns.load(std::memory_order_relaxed), now_ns);
+  out->url = ZoneText(c.url);
+  out->name = ZoneText(c.name);
+  out->host = ZoneText(c.host);
+  out->pid = c.pid.load(std::memory_order_relaxed);
+  out->peers = c.peers.load(std::memory_order_relaxed);
+  out->rtt_us = c.rtt_us.load(std::memory_order_relaxed);
+  const int64_t last = c.last_exchange_ns.load(std::memory_order_relaxed);
+  out->last_exchange_age_ns = last > 0 && last <= now_ns ? now_ns - last : -1;
+  out->exchanges = c.exchanges.load(std::memory_order_relaxed);
+  out->failures = c.failures.load(std::memory_order_relaxed);
+  out->fallbacks = c.fallbacks.load(std::memory_order_relaxed);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
@@ -57,6 +107,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   snap.procs_reaped = h.procs_reaped.load();
   snap.conns_reaped = h.conns_reaped.load();
   snap.taken_ns = MonotonicNowNs();
+  snap.has_cluster =
+      TakeClusterSnapshot(h.cluster, snap.taken_ns, &snap.cluster);
   for (uint32_t rule = 0; rule < kZoneRules; ++rule) {
     const uint64_t rate = zone.RuleRate(rule);
     if (rule > 0 && rate == 0) continue;
@@ -77,7 +129,13 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     row.rule_index = Zone::RuleOfKeyBytes(bytes);
     row.rule = zone.RuleName(row.rule_index);
     row.rate_bytes_per_sec = zone.RuleRate(row.rule_index);
-    const uint64_t rate = row.rate_bytes_per_sec;
+    // This host's budget for the key: its fleet share, or the rule's rate.
+    const uint64_t rate = zone.KeyRate(k);
+    if (snap.has_cluster) {
+      row.cluster_active = k.cluster_active.load();
+      row.cluster_hosts = k.cluster_hosts.load();
+      row.host_share_bytes_per_sec = rate;
+    }
     row.key = FormatConnKey(KeyOf(bytes), zone.RuleKeySpec(row.rule_index));
     row.active = k.active.load();
     row.connections = k.refs.load();

@@ -53,6 +53,14 @@ struct KeySnapshot {
   // CLOCK_MONOTONIC when the key last had a connection join, leave or close;
   // while active > 0 it is sending now.
   int64_t last_active_ns = 0;
+  // Fleet sharing (TRAFFICRATE_CLUSTER), once the zone's agent has run:
+  // the key's sending connections on every host and the hosts they are on,
+  // at the last exchange (0 before the key's first), and this host's budget
+  // for the key (Zone::KeyRate: its share of the rule's rate across the
+  // fleet, the rule's rate while it has none).
+  uint32_t cluster_active = 0;
+  uint32_t cluster_hosts = 0;
+  uint64_t host_share_bytes_per_sec = 0;
 };
 
 struct ConnSnapshot {
@@ -77,6 +85,25 @@ struct ProcSnapshot {
   // until published (equal mode, or the first second).
   double watcher_cpu_pct = 0;
   double watcher_stretch = 0;
+};
+
+// The zone's fleet exchange (ClusterShm), as its agent last wrote it.
+struct ClusterSnapshot {
+  // "connecting", "connected", "fallback", or "stale": no agent has
+  // exchanged (or tried to) for over kClusterStaleNs, so every key has its
+  // rule's full rate here.
+  std::string state;
+  std::string url;   // the password as ***
+  std::string name;  // TRAFFICRATE_CLUSTER_NAME
+  std::string host;  // this host's id in Redis
+  int32_t pid = 0;   // the process that holds the exchange
+  uint32_t peers = 0;
+  uint32_t rtt_us = 0;  // the last successful exchange's round trip
+  // Since the last successful exchange; -1 before the first.
+  int64_t last_exchange_age_ns = -1;
+  uint64_t exchanges = 0;
+  uint64_t failures = 0;
+  uint64_t fallbacks = 0;
 };
 
 // A rule in use (rule 0 always, others while their rate is set).
@@ -105,6 +132,9 @@ struct ZoneSnapshot {
   uint64_t conns_reaped = 0;
   int64_t taken_ns = 0;             // CLOCK_MONOTONIC when taken
   std::vector<RuleSnapshot> rules;  // by index
+  // Set once a cluster agent has run in the zone (TRAFFICRATE_CLUSTER).
+  bool has_cluster = false;
+  ClusterSnapshot cluster;
   std::vector<KeySnapshot> keys;
   std::vector<ConnSnapshot> connections;
   std::vector<ProcSnapshot> processes;

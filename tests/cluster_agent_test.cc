@@ -267,6 +267,20 @@ TEST_F(ClusterAgentTest, OneProcessPerZoneHoldsTheLease) {
   EXPECT_FALSE(a.agent->PassForTesting(a.proc, now + 700 * kNsPerMs));
 }
 
+// A lease word no holder wrote (expiry far beyond the lease's length, as a
+// corrupt zone may hold) does not keep every process from acting.
+TEST_F(ClusterAgentTest, ALeaseEndingTooFarAheadIsTakenOver) {
+  Host& a = AddHost("a");
+  const int64_t now = MonotonicNowNs();
+  a.zone->cluster().lease.store(~uint64_t{0});
+  EXPECT_TRUE(a.agent->PassForTesting(a.proc, now));
+  // One a live holder could have written is respected.
+  const uint64_t other = uint64_t{a.proc + 2} << 48;
+  const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
+  a.zone->cluster().lease.store(other | (now_ms + 400));
+  EXPECT_FALSE(a.agent->PassForTesting(a.proc, now));
+}
+
 TEST_F(ClusterAgentTest, TheThreadExchangesEveryTick) {
   Host& a = AddHost("a");
   Host& b = AddHost("b");

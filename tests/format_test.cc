@@ -179,8 +179,9 @@ TEST(FormatStatJsonTest, ExactFigures) {
                      "\"measured\": 0, \"level\": 0, \"debt\": 0, "
                      "\"boost\": null, \"packet_bytes\": 0, \"under_pace\": 0, "
                      "\"bytes\": 5000000, \"served\": 9, "
-                     "\"idle_seconds\": 0.000}"));
+                     "\"idle_seconds\": 0.000, \"cluster\": null}"));
   EXPECT_THAT(out, HasSubstr("\"idle_seconds\": 12.000"));
+  EXPECT_THAT(out, HasSubstr("],\n \"cluster\": null,\n \"rules\": ["));
   EXPECT_THAT(out, HasSubstr("{\"pid\": 102, \"connections\": 2, "
                              "\"alive\": false, \"watcher_cpu_pct\": 0.00, "
                              "\"watcher_stretch\": 0.00}"));
@@ -234,6 +235,81 @@ TEST(FormatStatTest, LockTimeoutsInEveryFormat) {
               HasSubstr("\"lock_repairs\": 2, \"lock_timeouts\": 7, "));
   EXPECT_THAT(FormatStatPrometheus(s, {}),
               HasSubstr("trafficrate_lock_timeouts_total{zone=\"web\"} 7\n"));
+}
+
+// A zone whose cluster agent exchanges with one other host.
+ZoneSnapshot ClusterSnapshotSample() {
+  ZoneSnapshot s = SampleSnapshot();
+  s.has_cluster = true;
+  s.cluster.state = "connected";
+  s.cluster.url = "redis://:***@10.0.0.5:6379/2";
+  s.cluster.name = "fleet";
+  s.cluster.host = "web1/web";
+  s.cluster.pid = 101;
+  s.cluster.peers = 1;
+  s.cluster.rtt_us = 350;
+  s.cluster.last_exchange_age_ns = 40'000'000;
+  s.cluster.exchanges = 1200;
+  s.cluster.failures = 3;
+  s.cluster.fallbacks = 1;
+  for (KeySnapshot& k : s.keys) {
+    if (k.key != "127.0.0.2") continue;
+    k.cluster_active = 6;
+    k.cluster_hosts = 2;
+    k.host_share_bytes_per_sec = 341333;
+  }
+  return s;
+}
+
+TEST(FormatStatTest, ClusterStateAndFleetFiguresInEveryFormat) {
+  const ZoneSnapshot s = ClusterSnapshotSample();
+  const std::string table = FormatStatTable(s, {});
+  EXPECT_THAT(table,
+              HasSubstr("cluster redis://:***@10.0.0.5:6379/2 (name fleet, "
+                        "host web1/web): connected, pid 101, 1 peer, last "
+                        "exchange now (round trip 0.3 ms); 1200 exchanges, 3 "
+                        "failed, 1 fallbacks\n"));
+  EXPECT_THAT(table, HasSubstr("FLEET ACTIVE HOSTS   HOST SHARE"));
+  EXPECT_THAT(table, HasSubstr("      6     2    333 KiB/s"));
+  const std::string json = FormatStatJson(s, {});
+  EXPECT_THAT(json,
+              HasSubstr("\"cluster\": {\"state\": \"connected\", \"url\": "
+                        "\"redis://:***@10.0.0.5:6379/2\", \"name\": "
+                        "\"fleet\", \"host\": \"web1/web\", \"pid\": 101, "
+                        "\"peers\": 1, \"exchanges\": 1200, \"failures\": 3, "
+                        "\"fallbacks\": 1, \"last_exchange_ms_ago\": 40.0, "
+                        "\"last_rtt_ms\": 0.350}"));
+  EXPECT_THAT(json, HasSubstr("\"cluster\": {\"active\": 6, \"hosts\": 2, "
+                              "\"host_share\": 341333}}"));
+  const std::string prom = FormatStatPrometheus(s, {});
+  EXPECT_THAT(prom,
+              HasSubstr("trafficrate_cluster_connected{zone=\"web\"} 1\n"));
+  EXPECT_THAT(prom, HasSubstr("trafficrate_cluster_peers{zone=\"web\"} 1\n"));
+  EXPECT_THAT(prom, HasSubstr("trafficrate_cluster_fallbacks_total{zone="
+                              "\"web\"} 1\n"));
+  EXPECT_THAT(prom, HasSubstr("trafficrate_cluster_round_trip_seconds{zone="
+                              "\"web\"} 0.000\n"));
+  EXPECT_THAT(prom,
+              HasSubstr("trafficrate_key_host_share_bytes_per_second{"
+                        "zone=\"web\",key=\"127.0.0.2\",rule=\"default\"} "
+                        "341333\n"));
+  EXPECT_THAT(prom, HasSubstr("trafficrate_key_cluster_hosts{zone=\"web\","
+                              "key=\"127.0.0.2\",rule=\"default\"} 2\n"));
+  // Falling back: not connected; never exchanged: no age.
+  ZoneSnapshot away = s;
+  away.cluster.state = "fallback";
+  away.cluster.last_exchange_age_ns = -1;
+  EXPECT_THAT(FormatStatPrometheus(away, {}),
+              HasSubstr("trafficrate_cluster_connected{zone=\"web\"} 0\n"));
+  EXPECT_THAT(FormatStatJson(away, {}),
+              HasSubstr("\"last_exchange_ms_ago\": null"));
+  EXPECT_THAT(FormatStatTable(away, {}),
+              HasSubstr(": fallback, pid 101, 1 peer, last exchange never"));
+  // No cluster: none of it.
+  EXPECT_THAT(FormatStatTable(SampleSnapshot(), {}),
+              Not(HasSubstr("FLEET ACTIVE")));
+  EXPECT_THAT(FormatStatPrometheus(SampleSnapshot(), {}),
+              Not(HasSubstr("cluster")));
 }
 
 TEST(FormatStatPrometheusTest, EveryLineIsACommentOrASample) {

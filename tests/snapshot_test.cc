@@ -10,6 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "src/budget.h"
+#include "src/clock.h"
 #include "src/zone.h"
 #include "src/zone_layout.h"
 #include "tests/test_util.h"
@@ -119,6 +120,75 @@ TEST_F(SnapshotTest, EachKeyTakesItsRulesRateAndName) {
   // A stray write into a name shows as '?', never as raw bytes.
   zone->header().rules[2].name[0] = '\n';
   EXPECT_EQ(zone->RuleName(2), "?pi");
+  {
+    ZoneLock lock(*zone);
+    pthread_mutex_unlock(&zone->proc(proc).liveness);
+  }
+}
+
+// The cluster section (ClusterShm) and a key's fleet figures, as the
+// cluster agent writes them; a beat over kClusterStaleNs old is "stale" and
+// the key has its rule's full rate again.
+TEST_F(SnapshotTest, ClusterStateAndTheKeysHostShare) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  const uint32_t proc = ClaimProc(*zone);
+  const uint32_t a = Register(*zone, 1, proc);
+  const uint32_t b = Register(*zone, 1, proc);
+  {
+    ZoneLock lock(*zone);
+    zone->JoinLocked(a);
+    zone->JoinLocked(b);
+  }
+  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_FALSE(snap->has_cluster);  // no agent has run
+  ClusterShm& c = zone->cluster();
+  const char url[] = "redis://10.0.0.5:6379/0\x01";
+  std::memcpy(c.url, url, sizeof(url));
+  std::memcpy(c.name, "fleet", 6);
+  std::memcpy(c.host, "web1/z", 7);
+  c.state.store(kClusterConnected);
+  c.pid.store(4321);
+  c.peers.store(2);
+  c.rtt_us.store(250);
+  c.exchanges.store(10);
+  c.failures.store(1);
+  c.fallbacks.store(1);
+  const int64_t now = MonotonicNowNs();
+  c.beat_ns.store(now);
+  c.last_exchange_ns.store(now - 50'000'000);
+  const uint32_t k = zone->conn(a).key_index.load();
+  zone->key(k).cluster_share.store(testing_util::kRate / 4);
+  zone->key(k).cluster_active.store(8);
+  zone->key(k).cluster_hosts.store(3);
+  snap = TakeSnapshot(*zone);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_TRUE(snap->has_cluster);
+  EXPECT_EQ(snap->cluster.state, "connected");
+  EXPECT_EQ(snap->cluster.url, "redis://10.0.0.5:6379/0?");
+  EXPECT_EQ(snap->cluster.name, "fleet");
+  EXPECT_EQ(snap->cluster.host, "web1/z");
+  EXPECT_EQ(snap->cluster.pid, 4321);
+  EXPECT_EQ(snap->cluster.peers, 2u);
+  EXPECT_EQ(snap->cluster.rtt_us, 250u);
+  EXPECT_GE(snap->cluster.last_exchange_age_ns, 50'000'000);
+  EXPECT_EQ(snap->cluster.exchanges, 10u);
+  EXPECT_EQ(snap->cluster.failures, 1u);
+  EXPECT_EQ(snap->cluster.fallbacks, 1u);
+  ASSERT_EQ(snap->keys.size(), 1u);
+  EXPECT_EQ(snap->keys[0].cluster_active, 8u);
+  EXPECT_EQ(snap->keys[0].cluster_hosts, 3u);
+  EXPECT_EQ(snap->keys[0].host_share_bytes_per_sec, testing_util::kRate / 4);
+  EXPECT_EQ(snap->keys[0].share_bytes_per_sec, testing_util::kRate / 8);
+  EXPECT_EQ(snap->keys[0].rate_bytes_per_sec, testing_util::kRate);
+  // No beat for longer than kClusterStaleNs: nobody exchanges.
+  c.beat_ns.store(now - kClusterStaleNs - 1'000'000);
+  snap = TakeSnapshot(*zone);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->cluster.state, "stale");
+  EXPECT_EQ(snap->keys[0].host_share_bytes_per_sec, testing_util::kRate);
+  EXPECT_EQ(snap->keys[0].share_bytes_per_sec, testing_util::kRate / 2);
   {
     ZoneLock lock(*zone);
     pthread_mutex_unlock(&zone->proc(proc).liveness);

@@ -26,7 +26,8 @@ std::string VersionText() {
       " (a zone of another layout is refused, never read)\n",
       "features: shares equal and budget; rules files (TRAFFICRATE_CONFIG) "
       "with reload; IPv4 and IPv6; passed (SCM_RIGHTS) and inherited "
-      "sockets; stat as a table, JSON and Prometheus\n",
+      "sockets; fleet sharing through Redis (TRAFFICRATE_CLUSTER); stat as a "
+      "table, JSON and Prometheus\n",
       "build: ", TRAFFICRATE_BUILD_TYPE, ", ",
 #if defined(__clang__)
       "clang ", __clang_version__,

@@ -116,6 +116,21 @@ bool HasRules(const ZoneSnapshot& s) {
          (s.rules.size() == 1 && s.rules[0].name != "default");
 }
 
+// "1 peer", "2 peers".
+std::string Peers(uint32_t n) {
+  return absl::StrFormat("%u peer%s", n, n == 1 ? "" : "s");
+}
+
+std::string ClusterLine(const ClusterSnapshot& c) {
+  return absl::StrFormat(
+      "cluster %s (name %s, host %s): %s, pid %d, %s, last exchange %s "
+      "(round trip %.1f ms); %u exchanges, %u failed, %u fallbacks\n",
+      c.url, c.name, c.host, c.state, c.pid, Peers(c.peers),
+      c.last_exchange_age_ns < 0 ? std::string("never")
+                                 : HumanAgo(c.last_exchange_age_ns),
+      c.rtt_us / 1000.0, c.exchanges, c.failures, c.fallbacks);
+}
+
 }  // namespace
 
 double IdleSeconds(const KeySnapshot& key, int64_t now_ns) {
@@ -143,6 +158,7 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
                         "full %u times, lock repairs %u, lock timeouts %u\n",
                         s.procs_reaped, s.conns_reaped, s.table_full,
                         s.lock_repairs, s.lock_timeouts);
+  if (s.has_cluster) out += ClusterLine(s.cluster);
   if (s.share_mode == ShareMode::kBudget) {
     double cpu = 0, stretch = 0;
     for (const ProcSnapshot& p : s.processes) {
@@ -167,18 +183,30 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
   const std::vector<KeySnapshot> keys = SelectKeys(s, options);
   if (keys.empty()) return out + "\nno clients\n";
   const int rule_width = rules ? 16 : 0;
+  // With a cluster: the key on every host, and this host's budget for it.
+  const bool fleet = s.has_cluster;
   absl::StrAppendFormat(
-      &out, "\n%-*s%-39s %6s %6s %12s %12s %12s %10s %10s %7s  %s\n",
+      &out, "\n%-*s%-39s %6s %6s%s %12s %12s %12s %10s %10s %7s  %s\n",
       rule_width, rules ? "RULE" : "", "CLIENT", "ACTIVE", "CONNS",
+      fleet ? absl::StrFormat(" %12s %5s %12s", "FLEET ACTIVE", "HOSTS",
+                              "HOST SHARE")
+            : "",
       "SHARE/CONN", "MEASURED", "LEVEL", "DEBT", "SENT", "SERVED",
       "LAST ACTIVE");
   const bool budget = s.share_mode == ShareMode::kBudget;
   for (const KeySnapshot& k : keys) {
     const double idle = IdleSeconds(k, s.taken_ns);
     absl::StrAppendFormat(
-        &out, "%-*s%-39s %6u %6u %12s %12s %12s %10s %10s %7u  %s\n",
+        &out, "%-*s%-39s %6u %6u%s %12s %12s %12s %10s %10s %7u  %s\n",
         rule_width, rules ? absl::StrCat(k.rule, " ") : "", k.key, k.active,
-        k.connections, HumanRate(k.share_bytes_per_sec),
+        k.connections,
+        fleet ? absl::StrFormat(" %12u %5u %12s", k.cluster_active,
+                                k.cluster_hosts,
+                                k.host_share_bytes_per_sec > 0
+                                    ? HumanRate(k.host_share_bytes_per_sec)
+                                    : "-")
+              : "",
+        HumanRate(k.share_bytes_per_sec),
         budget ? HumanRate(k.measured_bytes_per_sec) : "-",
         budget && k.level_bytes_per_sec > 0 ? HumanRate(k.level_bytes_per_sec)
                                             : "-",
@@ -192,6 +220,26 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
   }
   return out;
 }
+
+namespace {
+
+std::string ClusterJson(const ZoneSnapshot& s) {
+  if (!s.has_cluster) return "null";
+  const ClusterSnapshot& c = s.cluster;
+  return absl::StrFormat(
+      "{\"state\": %s, \"url\": %s, \"name\": %s, \"host\": %s, "
+      "\"pid\": %d, \"peers\": %u, \"exchanges\": %u, \"failures\": %u, "
+      "\"fallbacks\": %u, \"last_exchange_ms_ago\": %s, "
+      "\"last_rtt_ms\": %.3f}",
+      JsonString(c.state), JsonString(c.url), JsonString(c.name),
+      JsonString(c.host), c.pid, c.peers, c.exchanges, c.failures, c.fallbacks,
+      c.last_exchange_age_ns < 0
+          ? std::string("null")
+          : absl::StrFormat("%.1f", c.last_exchange_age_ns / 1e6),
+      c.rtt_us / 1000.0);
+}
+
+}  // namespace
 
 std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
   std::string out = absl::StrFormat(
@@ -220,16 +268,23 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
         "\"connections\": %u, "
         "\"share\": %u, \"measured\": %u, \"level\": %u, \"debt\": %u, "
         "\"boost\": %s, \"packet_bytes\": %u, \"under_pace\": %u, "
-        "\"bytes\": %u, \"served\": %u, \"idle_seconds\": %.3f}",
+        "\"bytes\": %u, \"served\": %u, \"idle_seconds\": %.3f, "
+        "\"cluster\": %s}",
         sep, JsonString(k.key), JsonString(k.rule), k.active, k.connections,
         k.share_bytes_per_sec, k.measured_bytes_per_sec, k.level_bytes_per_sec,
         k.debt_bytes,
         k.boost < 0 ? std::string("null") : absl::StrFormat("%.4f", k.boost),
         k.packet_bytes, k.under_pace, k.bytes_sent, k.connections_served,
-        IdleSeconds(k, s.taken_ns));
+        IdleSeconds(k, s.taken_ns),
+        s.has_cluster
+            ? absl::StrFormat(
+                  "{\"active\": %u, \"hosts\": %u, \"host_share\": %u}",
+                  k.cluster_active, k.cluster_hosts, k.host_share_bytes_per_sec)
+            : std::string("null"));
     sep = ",";
   }
-  absl::StrAppend(&out, "],\n \"rules\": [");
+  absl::StrAppend(&out, "],\n \"cluster\": ", ClusterJson(s),
+                  ",\n \"rules\": [");
   sep = "";
   for (const RuleSnapshot& r : s.rules) {
     absl::StrAppendFormat(&out,
@@ -282,6 +337,38 @@ void AppendHeader(std::string* out, const Metric& m) {
 
 }  // namespace
 
+namespace {
+
+// The zone's fleet exchange (TRAFFICRATE_CLUSTER), through zone_metric.
+template <typename ZoneMetric>
+void AppendClusterMetrics(const ClusterSnapshot& c, ZoneMetric zone_metric) {
+  zone_metric({"trafficrate_cluster_connected", "gauge",
+               "1 while the zone's last exchange through Redis succeeded, 0 "
+               "while it falls back or no process exchanges (stale)."},
+              c.state == "connected" ? 1 : 0);
+  zone_metric({"trafficrate_cluster_peers", "gauge",
+               "Other hosts of the fleet seen at the last exchange."},
+              c.peers);
+  zone_metric({"trafficrate_cluster_exchanges_total", "counter",
+               "Successful exchanges with Redis."},
+              static_cast<double>(c.exchanges));
+  zone_metric({"trafficrate_cluster_failures_total", "counter",
+               "Exchanges with Redis that failed or timed out."},
+              static_cast<double>(c.failures));
+  zone_metric({"trafficrate_cluster_fallbacks_total", "counter",
+               "Times the zone fell back to its local policy because Redis "
+               "could not be reached."},
+              static_cast<double>(c.fallbacks));
+  zone_metric({"trafficrate_cluster_round_trip_seconds", "gauge",
+               "Round trip of the last successful exchange."},
+              c.rtt_us / 1e6);
+  zone_metric({"trafficrate_cluster_last_exchange_age_seconds", "gauge",
+               "Seconds since the last successful exchange (-1: none yet)."},
+              c.last_exchange_age_ns < 0 ? -1.0 : c.last_exchange_age_ns / 1e9);
+}
+
+}  // namespace
+
 std::string FormatStatPrometheus(const ZoneSnapshot& s,
                                  const StatOptions& options) {
   const std::string zone = PrometheusLabel(s.name);
@@ -328,6 +415,7 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
                "Times a call gave up waiting for the zone lock (held too "
                "long by another process) and passed through."},
               static_cast<double>(s.lock_timeouts));
+  if (s.has_cluster) AppendClusterMetrics(s.cluster, zone_metric);
   const auto proc_metric = [&](const Metric& m, auto value_of) {
     AppendHeader(&out, m);
     for (const ProcSnapshot& p : s.processes) {
@@ -403,6 +491,25 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
              [](const KeySnapshot& k) {
                return static_cast<double>(k.connections_served);
              });
+  if (s.has_cluster) {
+    key_metric({"trafficrate_key_cluster_active_connections", "gauge",
+                "Sending connections of the key on every host of the fleet, "
+                "at the last exchange."},
+               [](const KeySnapshot& k) {
+                 return static_cast<double>(k.cluster_active);
+               });
+    key_metric({"trafficrate_key_cluster_hosts", "gauge",
+                "Hosts of the fleet where the key has sending connections."},
+               [](const KeySnapshot& k) {
+                 return static_cast<double>(k.cluster_hosts);
+               });
+    key_metric({"trafficrate_key_host_share_bytes_per_second", "gauge",
+                "This host's budget for the key: its share of the rule's "
+                "rate across the fleet."},
+               [](const KeySnapshot& k) {
+                 return static_cast<double>(k.host_share_bytes_per_sec);
+               });
+  }
   key_metric({"trafficrate_key_idle_seconds", "gauge",
               "Seconds since the key last had a sending connection."},
              [&](const KeySnapshot& k) { return IdleSeconds(k, s.taken_ns); });

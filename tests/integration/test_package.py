@@ -11,6 +11,7 @@ there is none.
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,7 +91,10 @@ def test_installed_version_and_check(installed):
     version = installed["version"]
     assert version["rc"] == 0
     assert version["out"].startswith("trafficrate 0.")
-    assert "zone layout 8" in version["out"] and "features:" in version["out"]
+    layout = re.search(r"kZoneLayoutVersion = (\d+);", (
+        harness.REPO_ROOT / "src" / "zone_layout.h").read_text()).group(1)
+    assert "zone layout %s " % layout in version["out"], version
+    assert "features:" in version["out"], version
     check = installed["check"]
     assert check["rc"] == 0, check
     assert "500 KiB/s (512000 B/s) per client key" in check["out"]

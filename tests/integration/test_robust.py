@@ -681,9 +681,9 @@ HEADER_FIELDS = [
     ("header_checksum", 232, 8), ("lock_timeouts", 240, 8),
     ("corrupt", 248, 4), ("rules_generation", 252, 4), ("reserved1", 256, 64),
     ("handoffs", 320, 1024),
-    ("rules", 1344, 1024),
+    ("rules", 1344, 1024), ("cluster", 2368, 352),
 ]
-HEADER_SIZE = 2368
+HEADER_SIZE = 2720
 FIELD = {name: (offset, size) for name, offset, size in HEADER_FIELDS}
 LOCK_OFFSET, LOCK_SIZE = FIELD["lock"]
 # Fields the library keeps changing (counters, free-list heads, the futex
