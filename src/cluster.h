@@ -2,8 +2,8 @@
 // hosts through Redis) that need no Redis: the cluster URL, the names a key
 // takes in Redis, each host's max-min share of a key's global rate, and the
 // local policy while Redis cannot be reached. Plain functions, tested in
-// tests/cluster_test.cc; the exchange itself (hiredis, a lease in the zone)
-// is not built yet, and nothing reads TRAFFICRATE_CLUSTER so far.
+// tests/cluster_test.cc. The exchange is cluster_exchange.h, the agent that
+// runs it cluster_agent.h.
 //
 //   absl::StatusOr<ClusterUrl> url =
 //   ParseClusterUrl("redis://10.0.0.5:6379/2"); std::string name =

@@ -185,12 +185,8 @@ void ClusterAgent::Pass(int64_t now_ns) {
       }
       continue;
     }
-    uint8_t bytes[kKeyBytes];
-    for (size_t i = 0; i < kKeyBytes; ++i) {
-      bytes[i] = __atomic_load_n(&key.key[i], __ATOMIC_RELAXED);
-    }
     KeyFigures f;
-    f.name = ClusterKeyName(options_.name, bytes, kKeyBytes, options_.secret);
+    f.name = FleetKeyName(key);
     f.connections = active;
     f.demand = std::numeric_limits<double>::infinity();
     if (budget && key.boost.load(std::memory_order_relaxed) == kBoostUnbound) {
@@ -260,6 +256,21 @@ void ClusterAgent::Pass(int64_t now_ns) {
                         std::clamp<uint64_t>(std::llround(share), 1, rate));
   }
   if (moved) zone_->WakeWatchers();
+}
+
+std::string ClusterAgent::FleetKeyName(const KeySlotShm& key) const {
+  // The key's bytes without its rule's place in this zone (byte 18), which
+  // another host may have given the rule, and the rule's name instead: the
+  // same client under the same named rule is one key on every host.
+  std::string material(kKeyBytes, '\0');
+  for (size_t i = 0; i < kKeyBytes; ++i) {
+    material[i] =
+        static_cast<char>(__atomic_load_n(&key.key[i], __ATOMIC_RELAXED));
+  }
+  material[kKeyRuleByte] = 0;
+  material += zone_->RuleName(zone_->RuleOf(key));
+  return ClusterKeyName(options_.name, material.data(), material.size(),
+                        options_.secret);
 }
 
 void ClusterAgent::Fallback(int64_t now_ns, const absl::Status& why) {

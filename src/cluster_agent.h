@@ -7,7 +7,8 @@
 // holder that dies (or stalls) is replaced within the lease and a reap
 // interval. Every tick (100 ms) the thread
 //   * collects each key with sending connections here: its Redis name
-//     (ClusterKeyName: the cluster name and the key hashed with the secret),
+//     (ClusterKeyName: the cluster name, and the client key with its rule's
+//     name hashed with the secret; rules match across hosts by name),
 //     its demand and its sending connections. The demand is what the key
 //     sends here times two while its budget controller has it unbound
 //     (clearly under its rate: it wants no more), else unbounded;
@@ -93,6 +94,9 @@ class ClusterAgent : public ZoneAgent {
   void Pass(int64_t now_ns);
   // Publishes this host's URL, name and id in the zone (the lease holder's).
   void PublishIdentity();
+  // The key's name in Redis: its client bytes and its rule's name, hashed
+  // with the secret (ClusterKeyName).
+  std::string FleetKeyName(const KeySlotShm& key) const;
   // Writes share into key slot k; true if it moved enough to re-pace.
   bool StoreShare(uint32_t k, uint64_t share);
   void Fallback(int64_t now_ns, const absl::Status& why);

@@ -95,10 +95,12 @@ class ClusterAgentTest : public ::testing::Test {
   }
 
   // n more sending connections of the client on host h.
-  static void Send(Host& h, int n) {
+  // rule: the key's rule place in h's zone.
+  static void Send(Host& h, int n, uint8_t rule = 0) {
     ZoneLock lock(*h.zone);
     ASSERT_TRUE(lock.ok());
-    const TestKey key = MakeKey(1);
+    TestKey key = MakeKey(1);
+    key.bytes[kKeyRuleByte] = rule;
     h.key = h.zone->FindOrInsertKeyLocked(key.bytes, MonotonicNowNs());
     ASSERT_NE(h.key, kNoSlot);
     for (int i = 0; i < n; ++i) {
@@ -154,6 +156,28 @@ TEST_F(ClusterAgentTest, TwoAndTwoConnectionsHalveTheRate) {
   EXPECT_EQ(c.pid.load(), getpid());
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(c.host)), "a");
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(c.name)), "fleet");
+}
+
+// Rules match across hosts by name, not by their place in each zone (a
+// reload may give the same rule another place on one host); a client under
+// two rules is two keys in the fleet too.
+TEST_F(ClusterAgentTest, ARuleIsTheSameKeyOnEveryHostWhateverItsPlace) {
+  Host& a = AddHost("a");
+  Host& b = AddHost("b");
+  a.zone->SetRule(1, "downloads", kRate, 0, KeySpec());
+  b.zone->SetRule(3, "downloads", kRate, 0, KeySpec());
+  b.zone->SetRule(1, "api", kRate, 0, KeySpec());
+  Send(a, 1, 1);
+  Send(b, 3, 3);
+  Exchange();
+  EXPECT_EQ(Share(a), kRate / 4);
+  EXPECT_EQ(Share(b), kRate * 3 / 4);
+  Host& c = AddHost("c");
+  c.zone->SetRule(1, "api", kRate, 0, KeySpec());
+  Send(c, 1, 1);  // another rule: another key
+  Exchange();
+  EXPECT_EQ(Rate(c), kRate);
+  EXPECT_EQ(Share(a), kRate / 4);
 }
 
 TEST_F(ClusterAgentTest, SharesFollowTheConnectionsOnEachHost) {
