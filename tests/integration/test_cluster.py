@@ -32,9 +32,8 @@ if a test killed it, a host whose nginx a test killed started afresh in its
 zone) and waits until no connection of the client is left on either host.
 
 NginxServer listens on harness.SERVER_HOST only, so HostNginx below puts its
-listening sockets on another address (see the report for a `host=`
-parameter of NginxServer that would replace it). Run with -s to see the
-figures; they are in every assertion message too.
+listening sockets on another address. Run with -s to see the figures; they
+are in every assertion message too.
 """
 
 import json
