@@ -14,10 +14,12 @@
 namespace trafficrate {
 namespace {
 
-// What is read from Redis is not trusted: at most this many hosts and keys
-// per host are kept, and malformed entries are skipped.
+// What is read from Redis is not trusted: at most this many hosts are kept,
+// of each only the figures of this host's keys, and malformed figures are
+// skipped.
 constexpr size_t kMaxHosts = 256;
-constexpr size_t kMaxKeysPerHost = 1 << 20;
+// More sending connections than any zone holds.
+constexpr uint32_t kMaxConnections = 1 << 24;
 // Not a ClusterKeyName (those start "trafficrate:").
 constexpr char kHeartbeatField[] = ".";
 
@@ -46,6 +48,17 @@ struct Reply {
     if (r != nullptr) freeReplyObject(r);
   }
 };
+
+// "DEMAND CONNECTIONS" (HMGET's reply for one field): false if absent or
+// malformed.
+bool ParseFigures(const redisReply* value, KeyFigures* k) {
+  if (value == nullptr || value->type != REDIS_REPLY_STRING) return false;
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::string_view(value->str, value->len), ' ');
+  return parts.size() == 2 && absl::SimpleAtod(parts[0], &k->demand) &&
+         absl::SimpleAtoi(parts[1], &k->connections) && k->demand >= 0 &&
+         k->connections <= kMaxConnections;
+}
 
 }  // namespace
 
@@ -153,11 +166,16 @@ absl::StatusOr<std::vector<PeerFigures>> ClusterExchange::Exchange(
   commands.push_back({"PEXPIRE", hosts_key, "3600000"});
   const size_t members_at = commands.size();
   commands.push_back({"SMEMBERS", hosts_key});
+  // Of each other host, only the figures of this host's keys (and its
+  // heartbeat): what is read is bounded by what this host has, whatever
+  // the others hold.
   std::vector<std::string> asked;
   for (const std::string& h : known_hosts_) {
     if (h == host_id_) continue;
     asked.push_back(h);
-    commands.push_back({"HGETALL", host_key(h)});
+    std::vector<std::string> hmget = {"HMGET", host_key(h), kHeartbeatField};
+    for (const KeyFigures& k : mine) hmget.push_back(k.name);
+    commands.push_back(std::move(hmget));
   }
   for (const std::vector<std::string>& command : commands) {
     Argv a(command);
@@ -183,6 +201,12 @@ absl::StatusOr<std::vector<PeerFigures>> ClusterExchange::Exchange(
     }
     reply.r = static_cast<redisReply*>(raw);
     const redisReply* r = reply.r;
+    if (r->type == REDIS_REPLY_ERROR && i > members_at) {
+      // Another host's entry is not a hash of ours (written by something
+      // else): that host is skipped, and taken out of the set.
+      gone.push_back(asked[i - members_at - 1]);
+      continue;
+    }
     if (r->type == REDIS_REPLY_ERROR) {
       // Read every reply first, so the connection stays in step.
       if (failure.ok()) {
@@ -199,30 +223,18 @@ absl::StatusOr<std::vector<PeerFigures>> ClusterExchange::Exchange(
       }
     } else if (i > members_at && r->type == REDIS_REPLY_ARRAY) {
       const std::string& host = asked[i - members_at - 1];
-      if (r->elements == 0) {
+      if (r->elements == 0 || r->element[0]->type != REDIS_REPLY_STRING) {
         gone.push_back(host);  // its hash expired: the host is gone
         continue;
       }
       PeerFigures peer;
       peer.host = host;
-      for (size_t f = 0;
-           f + 1 < r->elements && peer.keys.size() < kMaxKeysPerHost; f += 2) {
-        const redisReply* field = r->element[f];
-        const redisReply* value = r->element[f + 1];
-        if (field->type != REDIS_REPLY_STRING ||
-            value->type != REDIS_REPLY_STRING ||
-            absl::string_view(field->str, field->len) == kHeartbeatField) {
-          continue;
-        }
-        const std::vector<absl::string_view> parts =
-            absl::StrSplit(absl::string_view(value->str, value->len), ' ');
+      for (size_t f = 1; f < r->elements && f <= mine.size(); ++f) {
         KeyFigures k;
-        if (parts.size() != 2 || !absl::SimpleAtod(parts[0], &k.demand) ||
-            !absl::SimpleAtoi(parts[1], &k.connections) || !(k.demand >= 0)) {
-          continue;
+        if (ParseFigures(r->element[f], &k)) {
+          k.name = mine[f - 1].name;
+          peer.keys.push_back(std::move(k));
         }
-        k.name.assign(field->str, field->len);
-        peer.keys.push_back(std::move(k));
       }
       peers.push_back(std::move(peer));
     }

@@ -1,5 +1,5 @@
 // One host's exchange of per-key figures with the other hosts of a fleet
-// through Redis (issue 13; not wired into the library yet). Blocking, with
+// through Redis (TRAFFICRATE_CLUSTER; cluster_agent.h runs it). Blocking, with
 // a timeout: it runs in a thread of its own, never inside an interposed
 // call.
 //
@@ -10,15 +10,17 @@
 //
 // In Redis, per zone: the hash trafficrate:ZONE:host:ID of each host (field:
 // the key's ClusterKeyName, value: "DEMAND CONNECTIONS", and a heartbeat
-// field "."), replaced whole
-// every exchange (written under a temporary name with its expiry, then
-// RENAMEd over the old one, so a reader never sees it half-written) and
-// expiring ttl_ms after its host's last exchange; and the set
-// trafficrate:ZONE:hosts of host ids. One exchange is one pipelined round
-// trip: write this host's hash, add it to the set, read the set and every
-// host's hash that the previous exchange listed (a host whose hash has
-// expired reads empty and is taken out of the set in the next one). So a
-// new host's figures are read from the second exchange after it joined.
+// field "."), replaced whole every exchange (written under a temporary name
+// with its expiry, then RENAMEd over the old one, so a reader never sees it
+// half-written) and expiring ttl_ms after its host's last exchange; and the
+// set trafficrate:ZONE:hosts of host ids. One exchange is one pipelined
+// round trip of 7 commands plus one per other host (8 when a host left):
+// write this host's hash, add it to the set, read the set, and from the
+// hash of every host that the previous exchange listed the heartbeat and
+// this host's keys (HMGET: a host whose hash has expired has no heartbeat
+// and is taken out of the set in the next exchange). So a new host's
+// figures are read from the second exchange after it joined, and what is
+// read is bounded by this host's own keys.
 
 #ifndef TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
 #define TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
@@ -56,12 +58,12 @@ class ClusterExchange {
   ClusterExchange(const ClusterExchange&) = delete;
   ClusterExchange& operator=(const ClusterExchange&) = delete;
 
-  // Publishes `mine` and returns the other live hosts' figures (as of the
-  // previous exchange's host list). Connects (and AUTHs, SELECTs) first if
-  // not connected; any error drops the connection, so the next call starts
-  // afresh. UnavailableError when Redis cannot be reached or answers late
-  // (each step bounded by `timeout`), FailedPreconditionError when it
-  // refuses (AUTH, a wrong type under our names).
+  // Publishes `mine` and returns the other live hosts' figures for the keys
+  // of `mine` (as of the previous exchange's host list). Connects (and AUTHs,
+  // SELECTs) first if not connected; any error drops the connection, so the
+  // next call starts afresh. UnavailableError when Redis cannot be reached or
+  // answers late (each step bounded by `timeout`), FailedPreconditionError when
+  // it refuses (AUTH, a wrong type under our names).
   absl::StatusOr<std::vector<PeerFigures>> Exchange(
       absl::Span<const KeyFigures> mine, absl::Duration timeout);
 

@@ -3,16 +3,21 @@
 #include "src/cluster_exchange.h"
 
 #include <arpa/inet.h>
+#include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,22 +60,29 @@ TEST(ClusterExchangeTest, TwoHostsSeeEachOthersFigures) {
       a.Exchange({{"k1", 51200, 2}}, kTimeout);
   ASSERT_TRUE(seen_by_a.ok()) << seen_by_a.status();
   ASSERT_THAT(Hosts(*seen_by_a), ElementsAre("b"));
-  ASSERT_EQ((*seen_by_a)[0].keys.size(), 2u);
-  for (const KeyFigures& k : (*seen_by_a)[0].keys) {
-    if (k.name == "k1") {
-      EXPECT_EQ(k.demand, 10000);
-      EXPECT_EQ(k.connections, 1u);
-    } else {
-      EXPECT_EQ(k.name, "k2");
-      EXPECT_EQ(k.demand, 7);
-      EXPECT_EQ(k.connections, 3u);
-    }
-  }
+  // Only the keys a has: b's k2 is none of a's business.
+  ASSERT_EQ((*seen_by_a)[0].keys.size(), 1u);
+  EXPECT_EQ((*seen_by_a)[0].keys[0].name, "k1");
+  EXPECT_EQ((*seen_by_a)[0].keys[0].demand, 10000);
+  EXPECT_EQ((*seen_by_a)[0].keys[0].connections, 1u);
+  // With k2 too, a reads both (unbounded demand is "inf").
+  absl::StatusOr<std::vector<PeerFigures>> both = a.Exchange(
+      {{"k1", 51200, 2}, {"k2", std::numeric_limits<double>::infinity(), 1}},
+      kTimeout);
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_EQ((*both)[0].keys.size(), 2u);
+  EXPECT_EQ((*both)[0].keys[1].name, "k2");
+  EXPECT_EQ((*both)[0].keys[1].demand, 7);
+  EXPECT_EQ((*both)[0].keys[1].connections, 3u);
   absl::StatusOr<std::vector<PeerFigures>> seen_by_b = b.Exchange({}, kTimeout);
   ASSERT_TRUE(seen_by_b.ok()) << seen_by_b.status();
   ASSERT_THAT(Hosts(*seen_by_b), ElementsAre("a"));
-  ASSERT_EQ((*seen_by_b)[0].keys.size(), 1u);
+  EXPECT_TRUE((*seen_by_b)[0].keys.empty());  // b asked for none
+  seen_by_b = b.Exchange({{"k1", 10000, 1}, {"k2", 7, 3}}, kTimeout);
+  ASSERT_TRUE(seen_by_b.ok()) << seen_by_b.status();
+  ASSERT_EQ((*seen_by_b)[0].keys.size(), 2u);
   EXPECT_EQ((*seen_by_b)[0].keys[0].demand, 51200);
+  EXPECT_TRUE(std::isinf((*seen_by_b)[0].keys[1].demand));
   // b now has no active key: a still sees it, with none.
   const std::vector<PeerFigures> idle = a.Exchange({}, kTimeout).value();
   ASSERT_THAT(Hosts(idle), ElementsAre("b"));
@@ -145,6 +157,55 @@ TEST(ClusterExchangeTest, RecoversByItselfWhenRedisComesBack) {
   RedisServer again(port);
   EXPECT_TRUE(a.Exchange({{"k", 1, 1}}, kTimeout).ok());
   EXPECT_TRUE(a.connected());
+}
+
+// Whatever another writer left in Redis under the zone's names: malformed
+// figures are skipped, a host entry of the wrong type is skipped (and the
+// exchange still succeeds), and nothing beyond this host's keys is read.
+TEST(ClusterExchangeTest, GarbageInAnotherHostsEntryIsSkipped) {
+  const int port = FreePort();
+  RedisServer redis(port);
+  ClusterExchange a(Url(port), "web", "a", 5000);
+  ClusterExchange b(Url(port), "web", "b", 5000);
+  ASSERT_TRUE(a.Exchange({}, kTimeout).ok());
+  ASSERT_TRUE(b.Exchange({}, kTimeout).ok());
+  ASSERT_TRUE(a.Exchange({}, kTimeout).ok());  // a now knows of b
+  redisContext* c = redisConnect("127.0.0.1", port);
+  ASSERT_TRUE(c != nullptr && c->err == 0);
+  const char* commands[] = {
+      "HSET trafficrate:web:host:b k1 garbage k2 -5_1 k3 nan_2 "
+      "k4 1_99999999999 k5 3_4 k6 1_2_3 other 1_1",
+      "SET trafficrate:web:host:x not-a-hash",
+      "SADD trafficrate:web:hosts x",
+  };
+  for (const char* command : commands) {
+    // Spaces inside a value are written as '_' here, then put back.
+    std::vector<std::string> words = absl::StrSplit(command, ' ');
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (std::string& w : words) {
+      std::replace(w.begin(), w.end(), '_', ' ');
+      argv.push_back(w.data());
+      lens.push_back(w.size());
+    }
+    auto* reply = static_cast<redisReply*>(redisCommandArgv(
+        c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+    ASSERT_NE(reply, nullptr);
+    EXPECT_NE(reply->type, REDIS_REPLY_ERROR) << command;
+    freeReplyObject(reply);
+  }
+  redisFree(c);
+  const std::vector<KeyFigures> mine = {{"k1", 1, 1}, {"k2", 1, 1},
+                                        {"k3", 1, 1}, {"k4", 1, 1},
+                                        {"k5", 1, 1}, {"k6", 1, 1}};
+  ASSERT_TRUE(a.Exchange(mine, kTimeout).ok());  // learns of x
+  absl::StatusOr<std::vector<PeerFigures>> seen = a.Exchange(mine, kTimeout);
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  ASSERT_THAT(Hosts(*seen), ElementsAre("b"));
+  ASSERT_EQ((*seen)[0].keys.size(), 1u);
+  EXPECT_EQ((*seen)[0].keys[0].name, "k5");
+  EXPECT_EQ((*seen)[0].keys[0].demand, 3);
+  EXPECT_EQ((*seen)[0].keys[0].connections, 4u);
 }
 
 TEST(ClusterExchangeTest, AuthenticatesAndNeverShowsThePassword) {
