@@ -23,6 +23,10 @@ constexpr size_t kStackBytes = 256 * 1024;
 // A key that stopped sending here keeps its share this long (a client that
 // reconnects at once), then goes back to the rule's rate.
 constexpr int64_t kForgetShareNs = 1'000'000'000;
+// Exchanges in a row that find this host's entry written by another
+// instance before that is called a clash of host ids (a process of this
+// zone that took the exchange over finds its predecessor's once).
+constexpr int kClashExchanges = 3;
 
 // A share moved enough to re-pace the key's connections: by 1% (or to or
 // from none).
@@ -216,6 +220,13 @@ void ClusterAgent::Pass(int64_t now_ns) {
         static_cast<double>(now_ns - fell_back_ns_) / 1e9,
         zone_->name().c_str());
     fell_back_ = false;
+  }
+  if (exchange_->foreign_writes() == kClashExchanges) {
+    logger_->Warning(
+        "cluster: another host writes to Redis under this host's id %s, so "
+        "each overwrites the other's figures and both take too much; give "
+        "the hosts of a fleet different hostnames (the id is HOSTNAME/ZONE)",
+        options_.host_id.c_str());
   }
   last_success_ns_ = now_ns;
   c.state.store(kClusterConnected, std::memory_order_relaxed);

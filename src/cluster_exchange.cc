@@ -4,6 +4,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <random>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -67,7 +68,10 @@ ClusterExchange::ClusterExchange(ClusterUrl url, std::string zone,
     : url_(std::move(url)),
       zone_(std::move(zone)),
       host_id_(std::move(host_id)),
-      ttl_ms_(ttl_ms) {}
+      ttl_ms_(ttl_ms) {
+  std::random_device random;
+  instance_ = absl::StrFormat("%08x%08x", random(), random());
+}
 
 ClusterExchange::~ClusterExchange() { Drop(); }
 
@@ -151,10 +155,15 @@ absl::StatusOr<std::vector<PeerFigures>> ClusterExchange::Exchange(
     srem.insert(srem.end(), gone_.begin(), gone_.end());
     commands.push_back(std::move(srem));
   }
+  // Who wrote this host's hash last: another instance than this one, tick
+  // after tick, means another host uses the same id (IdClash).
+  const size_t writer_at = commands.size();
+  commands.push_back({"HGET", own, kHeartbeatField});
   commands.push_back({"DEL", temporary});
   // The heartbeat field: a live host's hash is never empty, so an empty
   // one means that host's hash expired.
-  std::vector<std::string> hset = {"HSET", temporary, kHeartbeatField, "0 0"};
+  std::vector<std::string> hset = {"HSET", temporary, kHeartbeatField,
+                                   instance_};
   for (const KeyFigures& k : mine) {
     hset.push_back(k.name);
     hset.push_back(absl::StrFormat("%.0f %u", k.demand, k.connections));
@@ -216,7 +225,12 @@ absl::StatusOr<std::vector<PeerFigures>> ClusterExchange::Exchange(
       }
       continue;
     }
-    if (i == members_at && r->type == REDIS_REPLY_ARRAY) {
+    if (i == writer_at) {
+      // Absent (the first exchange, or expired) or this instance's: fine.
+      const bool other = r->type == REDIS_REPLY_STRING &&
+                         absl::string_view(r->str, r->len) != instance_;
+      foreign_writes_ = other ? foreign_writes_ + 1 : 0;
+    } else if (i == members_at && r->type == REDIS_REPLY_ARRAY) {
       for (size_t m = 0; m < r->elements && m < kMaxHosts; ++m) {
         const redisReply* e = r->element[m];
         if (e->type == REDIS_REPLY_STRING) members.emplace_back(e->str, e->len);

@@ -10,17 +10,17 @@
 //
 // In Redis, per zone: the hash trafficrate:ZONE:host:ID of each host (field:
 // the key's ClusterKeyName, value: "DEMAND CONNECTIONS", and a heartbeat
-// field "."), replaced whole every exchange (written under a temporary name
-// with its expiry, then RENAMEd over the old one, so a reader never sees it
-// half-written) and expiring ttl_ms after its host's last exchange; and the
-// set trafficrate:ZONE:hosts of host ids. One exchange is one pipelined
-// round trip of 7 commands plus one per other host (8 when a host left):
-// write this host's hash, add it to the set, read the set, and from the
-// hash of every host that the previous exchange listed the heartbeat and
-// this host's keys (HMGET: a host whose hash has expired has no heartbeat
-// and is taken out of the set in the next exchange). So a new host's
-// figures are read from the second exchange after it joined, and what is
-// read is bounded by this host's own keys.
+// field "." holding the writer's random instance id), replaced whole every
+// exchange (written under a temporary name with its expiry, then RENAMEd over
+// the old one, so a reader never sees it half-written) and expiring ttl_ms
+// after its host's last exchange; and the set trafficrate:ZONE:hosts of host
+// ids. One exchange is one pipelined round trip of 8 commands plus one per
+// other host (9 when a host left): read who wrote this host's hash last, write
+// it, add it to the set, read the set, and from the hash of every host that the
+// previous exchange listed the heartbeat and this host's keys (HMGET: a host
+// whose hash has expired has no heartbeat and is taken out of the set in the
+// next exchange). So a new host's figures are read from the second exchange
+// after it joined, and what is read is bounded by this host's own keys.
 
 #ifndef TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
 #define TRAFFICRATE_SRC_CLUSTER_EXCHANGE_H_
@@ -68,6 +68,11 @@ class ClusterExchange {
       absl::Span<const KeyFigures> mine, absl::Duration timeout);
 
   bool connected() const { return context_ != nullptr; }
+  // Exchanges in a row that found this host's hash last written by another
+  // instance (each writes a random id of its own as the heartbeat): from
+  // two on, another host is using the same host id, and the two overwrite
+  // each other's figures.
+  int foreign_writes() const { return foreign_writes_; }
   // In a child after fork: closes the child's copy of the socket and
   // forgets the connection, freeing nothing (the child must not allocate
   // there). The object itself is then leaked by its owner.
@@ -84,6 +89,8 @@ class ClusterExchange {
   redisContext* context_ = nullptr;
   std::vector<std::string> known_hosts_;  // from the last exchange
   std::vector<std::string> gone_;  // read empty then: SREM them next time
+  std::string instance_;           // random, the heartbeat field's value
+  int foreign_writes_ = 0;
 };
 
 }  // namespace trafficrate

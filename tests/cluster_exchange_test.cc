@@ -208,6 +208,29 @@ TEST(ClusterExchangeTest, GarbageInAnotherHostsEntryIsSkipped) {
   EXPECT_EQ((*seen)[0].keys[0].connections, 4u);
 }
 
+// Two instances under one host id (two hosts with the same hostname):
+// each finds the other's writes, exchange after exchange; one instance
+// that takes over from another finds its predecessor's once.
+TEST(ClusterExchangeTest, TwoInstancesUnderOneHostIdAreNoticed) {
+  const int port = FreePort();
+  RedisServer redis(port);
+  ClusterExchange first(Url(port), "web", "a", 5000);
+  ASSERT_TRUE(first.Exchange({}, kTimeout).ok());
+  ASSERT_TRUE(first.Exchange({}, kTimeout).ok());
+  EXPECT_EQ(first.foreign_writes(), 0);
+  ClusterExchange twin(Url(port), "web", "a", 5000);
+  ASSERT_TRUE(twin.Exchange({}, kTimeout).ok());
+  EXPECT_EQ(twin.foreign_writes(), 1);  // a takeover looks like this once
+  ASSERT_TRUE(twin.Exchange({}, kTimeout).ok());
+  EXPECT_EQ(twin.foreign_writes(), 0);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(first.Exchange({}, kTimeout).ok());
+    ASSERT_TRUE(twin.Exchange({}, kTimeout).ok());
+  }
+  EXPECT_EQ(first.foreign_writes(), 3);
+  EXPECT_EQ(twin.foreign_writes(), 3);
+}
+
 TEST(ClusterExchangeTest, AuthenticatesAndNeverShowsThePassword) {
   const int port = FreePort();
   RedisServer redis(port, "hunter2-secret");
