@@ -45,8 +45,9 @@ from scenarios import SCENARIOS
 RESULTS_DIR = benchlib.BENCH_DIR / "results"
 TSO_SYSCTL = "net.ipv4.tcp_tso_rtt_log"
 REEXEC_MARK = "TRAFFICRATE_BENCH_NETNS"
-# Handled by scripts/bench.sh (build/write_path_bench), accepted here.
-EXTERNAL = ("writepath",)
+# Handled by scripts/bench.sh (build/write_path_bench, build/cluster_bench),
+# accepted here.
+EXTERNAL = ("writepath", "cluster")
 # Run in the first tso setting only: overhead at a rate that never binds
 # and the watcher's CPU, which the setting does not change (the whole run
 # must stay under 20 minutes).

@@ -4,6 +4,14 @@
 #   Benchmark from libbenchmark-dev): ns per write/send on a governed
 #   loopback socket, raw against the Governor's fast path, a share change,
 #   and the real interposer (LD_PRELOAD); table by bench/write_path.py.
+#   cluster (issue 13, fleet sharing; tests/bench/cluster_bench.cc): two
+#   hosts (two zones in one process, a ClusterAgent each) against a
+#   redis-server the benchmark starts on 127.0.0.1, at 10 and at 10 000
+#   active keys per host: Redis commands and bytes per second per host,
+#   the agent threads' and redis-server's CPU, and the time from a join on
+#   one host until the other host's share changes (100 joins, quick 20;
+#   median, p99). Outside the namespace; its table, and raw figures in
+#   bench/results/<date>-<commit>-cluster[-quick].json.
 #   bench/budget.py (see bench/README.md), in a private network namespace
 #   with lo at MTU 1500, with tcp_tso_rtt_log 9 and 0: convergence (join /
 #   leave to every sibling, build/convergence_bench, 1000 changes),
@@ -20,7 +28,8 @@
 #                    [--serial] [--cases W:RATE:N[,...]]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
-#   --only    e.g. --only convergence, --only writepath or --only accuracy,short
+#   --only    e.g. --only convergence, --only writepath, --only cluster or
+#             --only accuracy,short
 #   --tools   the comparators (default all, see budget.py; none: the library only)
 #   --serial  the tools of a case one after the other, not side by side
 #   --cases   only these accuracy cases, e.g. 2:500k:4,4:5m:16 (workers:rate:N)
@@ -28,7 +37,8 @@
 #             that is already configured is rebuilt as configured (it may be
 #             another checkout); otherwise it is configured from this tree.
 # Needs root (packages, unshare). The quick run takes under 3 minutes on 2
-# cores; the full one is meant to stay under 20 (see bench/README.md).
+# cores; the full one is meant to stay under 20, plus about 1.5 for cluster
+# (see bench/README.md).
 set -euo pipefail
 source "$(dirname "$0")/setup.sh"
 cd "$TRAFFICRATE_ROOT"
@@ -60,8 +70,8 @@ done
 
 # Is scenario $1 selected by --only (all are by default)?
 selected() { [[ -z $only || ",$only," == *",$1,"* ]]; }
-# Does --only select anything besides writepath?
-budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'writepath\|') ]]; }
+# Does --only select anything besides writepath and cluster (run here)?
+budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 'writepath\|cluster\|') ]]; }
 
 # trickle: a comparator of the accuracy scenario (bench/README.md, Comparators);
 # python3-matplotlib: bench/report.py's plots; libbenchmark-dev: writepath
@@ -127,6 +137,35 @@ if selected writepath; then
     writepath
   else
     echo "bench.sh: write_path_bench not built (libbenchmark-dev missing?)" >&2
+    status=1
+  fi
+fi
+
+# cluster_bench: two hosts sharing through a redis-server of its own; it
+# prints its table, and its figures and latency samples go to
+# bench/results/<date>-<commit>-cluster[-quick][-N].json.
+cluster() {
+  local args=() commit stem json n=2 rc=0
+  ((quick)) && args+=(--quick)
+  commit=$(git -C "$TRAFFICRATE_ROOT" rev-parse --short HEAD 2>/dev/null || true)
+  stem=$TRAFFICRATE_ROOT/bench/results/$(date +%F)-${commit:-nogit}-cluster
+  ((quick)) && stem+=-quick
+  json=$stem.json
+  while [[ -e $json ]] && ((n < 1000)); do json=$stem-$((n++)).json; done
+  mkdir -p "$(dirname "$json")"
+  timeout 300 "$build_dir/cluster_bench" "${args[@]}" --json "$json" || rc=$?
+  if ((rc != 0)); then
+    echo "bench.sh: cluster_bench failed (rc $rc)" >&2
+    status=1
+  fi
+  if [[ -s $json ]]; then echo "results: $json"; fi
+}
+if selected cluster; then
+  if [[ -x $build_dir/cluster_bench ]]; then
+    echo "== cluster: fleet sharing through Redis (tests/bench/cluster_bench.cc)"
+    cluster
+  else
+    echo "bench.sh: cluster_bench not built (TRAFFICRATE_BENCHMARKS off?)" >&2
     status=1
   fi
 fi
