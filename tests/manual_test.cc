@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -54,6 +55,28 @@ TEST(ManualTest, HelpLinesFitEightyColumns) {
       EXPECT_LE(line.size(), 80u) << line;
     }
   }
+}
+
+TEST(ManualTest, EveryHelpTopicTheTextsNameExists) {
+  // "see `trafficrate help fleet`" and the like lead somewhere.
+  std::vector<std::string> texts = {OverviewHelp()};
+  for (const CommandDoc& c : CommandDocs()) texts.push_back(CommandHelp(c));
+  for (const TopicDoc& t : TopicDocs()) texts.push_back(TopicHelp(t));
+  int named = 0;
+  for (const std::string& text : texts) {
+    const std::string flat = absl::StrJoin(
+        absl::StrSplit(text, absl::ByAnyChar(" \n"), absl::SkipEmpty()), " ");
+    for (absl::string_view rest : absl::StrSplit(flat, "`trafficrate help ")) {
+      if (rest.data() == flat.data()) continue;  // before the first one
+      const std::string topic(rest.substr(0, rest.find('`')));
+      ++named;
+      EXPECT_TRUE(FindTopicDoc(topic) != nullptr ||
+                  FindCommandDoc(topic) != nullptr)
+          << topic;
+    }
+  }
+  EXPECT_GT(named, 0);
+  EXPECT_NE(FindTopicDoc("fleet"), nullptr);
 }
 
 TEST(ManualTest, ManPageOneHasEveryCommandOptionAndExample) {

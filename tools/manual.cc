@@ -141,7 +141,7 @@ std::vector<VariableDoc>* MakeVariableDocs() {
        "user.",
        ""},
       {"TRAFFICRATE_CLUSTER_NAME", "--cluster-name", "NAME", "",
-       "the fleet's name in Redis (default: the zone name)",
+       "the fleet's name in Redis",
        "The fleet's namespace in Redis (1 to 64 of A-Z a-z 0-9 _ . -): hosts "
        "share rates when their cluster names and secrets are the same.",
        "the zone name"},
@@ -208,7 +208,9 @@ std::vector<CommandDoc>* MakeCommandDocs() {
        {"Shows a zone: its rate and capacity, and per client key the active "
         "(sending) and registered connections, the current share of each "
         "sending connection, bytes sent, connections served and last "
-        "activity. Exits 1 if the zone does not exist or is corrupt."},
+        "activity; with TRAFFICRATE_CLUSTER, the fleet exchange and each "
+        "key's figures across the fleet (`trafficrate help fleet`). Exits 1 "
+        "if the zone does not exist or is corrupt."},
        {{"--zone", "NAME", kZoneOptionText},
         {"--json", "", "one JSON document (exact figures)"},
         {"--prometheus", "",
@@ -287,7 +289,7 @@ std::vector<CommandDoc>* MakeCommandDocs() {
        "[COMMAND | TOPIC]",
        {"Prints the list of commands, a command's --help, or a topic of the "
         "library's manual: environment, rules, zone, logging, guarantees, "
-        "limits."},
+        "limits, fleet."},
        {},
        {"trafficrate help rules"}},
   };
@@ -472,6 +474,70 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "* A single-process server killed with SIGKILL leaves its counts in "
         "the zone until another process notices or `trafficrate gc` runs.",
         "* stat's bytes count what the server handed to the kernel."}},
+      {"fleet",
+       "FLEET",
+       {"With TRAFFICRATE_CLUSTER the hosts of a fleet (servers behind one "
+        "load balancer, each with its own zone) share each client's rate "
+        "through one Redis server: a client whose connections land on "
+        "several hosts gets the rule's rate in all, not that rate on each "
+        "host. Every host needs the same TRAFFICRATE_CLUSTER, "
+        "TRAFFICRATE_CLUSTER_SECRET and TRAFFICRATE_CLUSTER_NAME (by default "
+        "the zone name), the same key setting, rules and rates (rules match "
+        "across hosts by name), and a host name of its own: a host's id in "
+        "Redis is HOSTNAME/ZONE, and two hosts with one id overwrite each "
+        "other's figures (logged). The secret goes through the environment "
+        "only:",
+        "    export TRAFFICRATE_CLUSTER_SECRET=\"$(cat "
+        "/etc/trafficrate/cluster.secret)\"\n"
+        "    trafficrate run --rate 500k --zone web \\\n"
+        "        --cluster redis://10.0.0.5:6379/2 --cluster-name shop \\\n"
+        "        -- nginx -g 'daemon off;'",
+        "One process per zone exchanges for the host (it holds a lease in "
+        "the zone). Every 100 ms it sends, in one pipelined round trip, each "
+        "key with sending connections here: their number and the key's "
+        "demand (in budget mode twice what the key sends while its "
+        "controller finds it clearly under its rate, else unbounded), and "
+        "reads back the other hosts' figures. Each host's budget for a key "
+        "is its weighted max-min share of the rule's rate: every sending "
+        "connection on every host is worth one share; a host whose "
+        "connections want less keeps what they want and the others split "
+        "the rest. The host's connections of the key share that budget as "
+        "they would the rate. No call of the server waits for Redis.",
+        "Staleness: a join or leave on one host reaches the other hosts' "
+        "budgets within two ticks and a round trip (about 0.2 to 0.3 s); a "
+        "key new on a host has the full local rate there until its first "
+        "exchange (at most a tick). A host's figures expire in Redis 600 ms "
+        "after its last exchange, so the share of a host that died goes to "
+        "the others within about a second. Expiry is Redis's own: the "
+        "hosts' clocks are not compared.",
+        "* Redis unreachable, refusing, or silent for 200 ms: the host falls "
+        "back. Each key's last share moves linearly to the full local rate "
+        "over TRAFFICRATE_CLUSTER_DECAY (10s by default) from the last "
+        "exchange; a key without a share has the full local rate. One line "
+        "is logged when it falls back and one when Redis answers again; it "
+        "reconnects by itself. After the decay a client spread over N hosts "
+        "may get N times the rate, as without a cluster.",
+        "* The exchanging process dies: another process of the zone takes "
+        "the lease over within about a second (the lease lasts 500 ms) and "
+        "reads the other hosts from its second exchange on, so for one tick "
+        "its keys have the full local rate.",
+        "* No process of the zone has exchanged for 2 s (stat: stale): every "
+        "key has the full local rate.",
+        "Redis holds, under trafficrate:NAME: (the cluster name), the set of "
+        "host ids (hosts) and one hash per host (host:ID) that expires 600 "
+        "ms after its host's last exchange: per key its sending connections "
+        "and demand, named by a SipHash-2-4 of the client key and its rule's "
+        "name keyed by the secret (16 hex digits), never the client's "
+        "address. Each host sends 8 commands per tick and one HMGET per "
+        "other host, which reads only the keys this host has. "
+        "No TLS: Debian 12's hiredis has none; reach Redis over a trusted "
+        "network or a tunnel (stunnel, ssh, WireGuard).",
+        "`trafficrate stat` shows the cluster (state connecting, connected, "
+        "fallback or stale; peers, the last exchange and its round trip; "
+        "exchanges, failures and fallbacks) and per key its sending "
+        "connections on all hosts, the hosts where it sends and this host's "
+        "share. `trafficrate check` shows the cluster settings. `trafficrate "
+        "set` changes one host's zone: run it on every host."}},
   };
 }
 
