@@ -206,6 +206,12 @@ void ClusterAgent::Pass(int64_t now_ns) {
   const int64_t start = MonotonicNowNs();
   absl::StatusOr<std::vector<PeerFigures>> peers =
       exchange_->Exchange(mine, absl::Nanoseconds(options_.timeout_ns));
+  if (peers.ok() && exchange_->successes() == 1) {
+    // The first exchange only learns which hosts there are: without a
+    // second one now, a process that takes the exchange over would give
+    // every key the full rate for a tick.
+    peers = exchange_->Exchange(mine, absl::Nanoseconds(options_.timeout_ns));
+  }
   const int64_t rtt_ns = MonotonicNowNs() - start;
   if (!peers.ok()) {
     Fallback(now_ns, peers.status());

@@ -259,6 +259,7 @@ absl::StatusOr<std::vector<PeerFigures>> ClusterExchange::Exchange(
   }
   known_hosts_ = std::move(members);
   gone_ = std::move(gone);
+  ++successes_;
   return peers;
 }
 

@@ -73,6 +73,9 @@ class ClusterExchange {
   // two on, another host is using the same host id, and the two overwrite
   // each other's figures.
   int foreign_writes() const { return foreign_writes_; }
+  // Successful exchanges so far. The first one reads no other host's
+  // figures (it learns which hosts there are).
+  uint64_t successes() const { return successes_; }
   // In a child after fork: closes the child's copy of the socket and
   // forgets the connection, freeing nothing (the child must not allocate
   // there). The object itself is then leaked by its owner.
@@ -91,6 +94,7 @@ class ClusterExchange {
   std::vector<std::string> gone_;  // read empty then: SREM them next time
   std::string instance_;           // random, the heartbeat field's value
   int foreign_writes_ = 0;
+  uint64_t successes_ = 0;
 };
 
 }  // namespace trafficrate

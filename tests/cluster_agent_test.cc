@@ -305,6 +305,29 @@ TEST_F(ClusterAgentTest, ALeaseEndingTooFarAheadIsTakenOver) {
   EXPECT_FALSE(a.agent->PassForTesting(a.proc, now));
 }
 
+// A process that takes the exchange over reads the other hosts' figures in
+// its first pass: the key never has the full rate in between.
+TEST_F(ClusterAgentTest, ATakeOverKeepsTheSharesFromItsFirstPass) {
+  Host& a = AddHost("a");
+  Host& b = AddHost("b");
+  Send(a, 1);
+  Send(b, 1);
+  Exchange();
+  ASSERT_EQ(Share(a), kRate / 2);
+  const uint32_t other = ClaimProc(*a.zone, 2);
+  ClusterAgentOptions options;
+  options.url = RedisUrl(port_);
+  options.name = "fleet";
+  options.secret = kSecret;
+  options.host_id = "a";
+  ClusterAgent successor(a.zone.get(), &logger_, options);
+  // The holder stops; its lease (500 ms) runs out.
+  a.zone->key(a.key).cluster_share.store(0);
+  ASSERT_TRUE(
+      successor.PassForTesting(other, MonotonicNowNs() + 600 * kNsPerMs));
+  EXPECT_EQ(Share(a), kRate / 2);
+}
+
 TEST_F(ClusterAgentTest, TheThreadExchangesEveryTick) {
   Host& a = AddHost("a");
   Host& b = AddHost("b");
