@@ -518,9 +518,9 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "reconnects by itself. After the decay a client spread over N hosts "
         "may get N times the rate, as without a cluster.",
         "* The exchanging process dies: another process of the zone takes "
-        "the lease over within about a second (the lease lasts 500 ms) and "
-        "reads the other hosts from its second exchange on, so for one tick "
-        "its keys have the full local rate.",
+        "the lease over within about a second (the lease lasts 500 ms); its "
+        "first pass makes two round trips (the first learns which hosts "
+        "there are), so the keys keep their shares.",
         "* No process of the zone has exchanged for 2 s (stat: stale): every "
         "key has the full local rate.",
         "Redis holds, under trafficrate:NAME: (the cluster name), the set of "
