@@ -68,14 +68,22 @@ class ClusterAgentTest : public ::testing::Test {
     EXPECT_TRUE(zone.ok()) << zone.status();
     h.zone = std::move(*zone);
     h.proc = ClaimProc(*h.zone, 1);
+    h.agent = std::make_unique<ClusterAgent>(h.zone.get(), &logger_,
+                                             Options(id, decay_ns));
+    return h;
+  }
+
+  // The agent options of host `id` (another process of its zone takes the
+  // same).
+  ClusterAgentOptions Options(const std::string& id,
+                              int64_t decay_ns = kNsPerSec) const {
     ClusterAgentOptions options;
     options.url = RedisUrl(port_);
     options.name = "fleet";  // the same on every host
     options.secret = kSecret;
     options.host_id = id;
     options.decay_ns = decay_ns;
-    h.agent = std::make_unique<ClusterAgent>(h.zone.get(), &logger_, options);
-    return h;
+    return options;
   }
 
   // A process slot for this process. Its liveness mutex is let go at once:
@@ -276,12 +284,7 @@ TEST_F(ClusterAgentTest, OneProcessPerZoneHoldsTheLease) {
   Host& a = AddHost("a");
   const uint32_t other = ClaimProc(*a.zone, 2);
   ASSERT_NE(other, kNoSlot);
-  ClusterAgentOptions options;
-  options.url = RedisUrl(port_);
-  options.name = "fleet";
-  options.secret = kSecret;
-  options.host_id = "a";
-  ClusterAgent second(a.zone.get(), &logger_, options);
+  ClusterAgent second(a.zone.get(), &logger_, Options("a"));
   const int64_t now = MonotonicNowNs();
   ASSERT_TRUE(a.agent->PassForTesting(a.proc, now));
   EXPECT_FALSE(second.PassForTesting(other, now));
@@ -315,12 +318,7 @@ TEST_F(ClusterAgentTest, ATakeOverKeepsTheSharesFromItsFirstPass) {
   Exchange();
   ASSERT_EQ(Share(a), kRate / 2);
   const uint32_t other = ClaimProc(*a.zone, 2);
-  ClusterAgentOptions options;
-  options.url = RedisUrl(port_);
-  options.name = "fleet";
-  options.secret = kSecret;
-  options.host_id = "a";
-  ClusterAgent successor(a.zone.get(), &logger_, options);
+  ClusterAgent successor(a.zone.get(), &logger_, Options("a"));
   // The holder stops; its lease (500 ms) runs out.
   a.zone->key(a.key).cluster_share.store(0);
   ASSERT_TRUE(
