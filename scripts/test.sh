@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: the unit tests
 # (plain, under AddressSanitizer + UndefinedBehaviorSanitizer, and the shared
-# zone, fd table and cluster agent tests under ThreadSanitizer), a minute of fuzzing
+# zone, fd table and cluster agent tests under ThreadSanitizer), 30 s of fuzzing
 # (scripts/fuzz.sh), then the integration tests against real servers in a
 # private network namespace with a 1500-byte loopback, one of them with the
 # ASan + UBSan build of the preload library, and the Debian package
@@ -61,8 +61,8 @@ if ((!quick)); then
 fi
 
 if ((!quick)); then
-  stage "fuzz (60 s)"
-  scripts/fuzz.sh --seconds 60
+  stage "fuzz (30 s)"
+  scripts/fuzz.sh --seconds 30
 fi
 
 stage "Debian package (scripts/package.sh; test_package.py installs it)"
