@@ -34,7 +34,8 @@ ctest --test-dir build --output-on-failure -j2
 
 if ((!quick)); then
   # The sanitizer builds at -O1 -g1 (what the sanitizers' own docs advise;
-  # a third less build time here than -O2 -g, stack traces keep their lines).
+  # a third less build time here than -O2 -g, stack traces keep their lines),
+  # their test programs at -O0 (CMakeLists.txt: the core is what is checked).
   # No benchmarks there: nothing runs them under a sanitizer.
   sanitizer_flags=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
                    -DTRAFFICRATE_BENCHMARKS=OFF)
