@@ -13,6 +13,7 @@
 namespace trafficrate {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -380,6 +381,23 @@ TEST(TopTest, FrameShowsTheMeasuredRateInBudgetMode) {
   now.share_mode = ShareMode::kEqual;
   EXPECT_THAT(FormatTopFrame(now, &before, 110, 30),
               Not(HasSubstr("250 KiB/s")));
+}
+
+TEST(TopTest, FrameShowsTheClusterAndTheKeysOnEveryHost) {
+  ZoneSnapshot before = ClusterSnapshotSample();
+  ZoneSnapshot now = ClusterSnapshotSample();
+  now.taken_ns = before.taken_ns + kNsPerSec;
+  const std::string frame = FormatTopFrame(now, &before, 123, 30);
+  EXPECT_THAT(frame, HasSubstr("\ncluster redis://:***@10.0.0.5:6379/2 (name "
+                               "fleet, host web1/web): connected, pid 101"));
+  EXPECT_THAT(frame, HasSubstr(" CONNS  FLEET HOSTS  SHARE/CONN\n"));
+  // 127.0.0.2: 6 sending connections on 2 hosts; the bar keeps its 16
+  // characters at 123 columns.
+  EXPECT_THAT(frame, HasSubstr("]           -      4      4      6     2"));
+  EXPECT_THAT(frame, HasSubstr("[" + std::string(16, '.') + "]"));
+  // Without a cluster: neither.
+  EXPECT_THAT(FormatTopFrame(SampleSnapshot(), nullptr, 110, 30),
+              Not(AnyOf(HasSubstr("cluster"), HasSubstr("FLEET"))));
 }
 
 }  // namespace

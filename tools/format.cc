@@ -121,6 +121,8 @@ std::string Peers(uint32_t n) {
   return absl::StrFormat("%u peer%s", n, n == 1 ? "" : "s");
 }
 
+}  // namespace
+
 std::string ClusterLine(const ClusterSnapshot& c) {
   return absl::StrFormat(
       "cluster %s (name %s, host %s): %s, pid %d, %s, last exchange %s "
@@ -130,8 +132,6 @@ std::string ClusterLine(const ClusterSnapshot& c) {
                                  : HumanAgo(c.last_exchange_age_ns),
       c.rtt_us / 1000.0, c.exchanges, c.failures, c.fallbacks);
 }
-
-}  // namespace
 
 double IdleSeconds(const KeySnapshot& key, int64_t now_ns) {
   if (key.active > 0 || key.last_active_ns <= 0) return 0;

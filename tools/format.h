@@ -47,6 +47,10 @@ std::vector<KeySnapshot> SelectKeys(const ZoneSnapshot& snap,
 // Seconds since the key last had a sending connection; 0 while it has one.
 double IdleSeconds(const KeySnapshot& key, int64_t now_ns);
 
+// "cluster URL (name N, host H): STATE, pid P, 1 peer, last exchange ...\n":
+// the zone's fleet exchange, for stat and top.
+std::string ClusterLine(const ClusterSnapshot& cluster);
+
 std::string FormatStatTable(const ZoneSnapshot& snap,
                             const StatOptions& options);
 std::string FormatStatJson(const ZoneSnapshot& snap,

@@ -228,8 +228,9 @@ std::vector<CommandDoc>* MakeCommandDocs() {
        "[--zone NAME] [--interval SECONDS]",
        {"A live view of the zone's busiest clients: each key's rate over the "
         "last interval against the zone's rate (a bar), its sending and "
-        "registered connections and its share. Press q (or Ctrl-C) to "
-        "quit."},
+        "registered connections and its share; with a cluster, the "
+        "cluster's state and each key's sending connections and hosts in "
+        "the fleet. Press q (or Ctrl-C) to quit."},
        {{"--zone", "NAME", kZoneOptionText},
         {"--interval", "S",
          "seconds between refreshes, 0.2 to 60 (default 1)"}},

@@ -141,24 +141,41 @@ std::string FormatTopFrame(const ZoneSnapshot& now, const ZoneSnapshot* before,
       "connections (%zu sending), %zu processes\n\n",
       now.name, HumanRate(now.rate_bytes_per_sec), now.keys.size(),
       now.connections.size(), ActiveConnections(now), LiveProcesses(now));
+  // With a cluster: its state, and per key its sending connections on every
+  // host (FLEET) and the hosts it is on; SHARE/CONN is then of this host's
+  // share of the rate.
+  const bool fleet = now.has_cluster;
+  if (fleet) {
+    // Cut to the terminal's width: a wrapped line would push the last row
+    // off the screen.
+    std::string line = ClusterLine(now.cluster);
+    line.pop_back();
+    out += line.substr(0, static_cast<size_t>(columns)) + "\n\n";
+  }
   // RATE: what the server handed to the kernel over the interval; MEASURED
   // (budget mode): what left the sockets, as the controller counts it.
   const bool budget = now.share_mode == ShareMode::kBudget;
-  const int bar = std::clamp(columns - 94, 10, 40);
-  absl::StrAppendFormat(&out, "%-39s %11s %-*s %11s %6s %6s %11s\n", "CLIENT",
-                        "RATE", bar + 2, "OF LIMIT", "MEASURED", "ACTIVE",
-                        "CONNS", "SHARE/CONN");
-  const size_t limit = rows > 6 ? static_cast<size_t>(rows - 6) : 1;
+  const int bar = std::clamp(columns - (fleet ? 107 : 94), 10, 40);
+  absl::StrAppendFormat(
+      &out, "%-39s %11s %-*s %11s %6s %6s%s %11s\n", "CLIENT", "RATE", bar + 2,
+      "OF LIMIT", "MEASURED", "ACTIVE", "CONNS",
+      fleet ? absl::StrFormat(" %6s %5s", "FLEET", "HOSTS") : "", "SHARE/CONN");
+  const size_t limit =
+      rows > (fleet ? 8 : 6) ? static_cast<size_t>(rows - (fleet ? 8 : 6)) : 1;
   for (const TopRow& r : TopRows(now, before, limit)) {
     absl::StrAppendFormat(
-        &out, "%-39s %11s %s %11s %6u %6u %11s\n", r.key.key,
+        &out, "%-39s %11s %s %11s %6u %6u%s %11s\n", r.key.key,
         HumanRate(r.bytes_per_sec),
         TopBar(r.bytes_per_sec,
                r.key.rate_bytes_per_sec > 0 ? r.key.rate_bytes_per_sec
                                             : now.rate_bytes_per_sec,
                bar),
         budget ? HumanRate(r.key.measured_bytes_per_sec) : "-", r.key.active,
-        r.key.connections, HumanRate(r.key.share_bytes_per_sec));
+        r.key.connections,
+        fleet ? absl::StrFormat(" %6u %5u", r.key.cluster_active,
+                                r.key.cluster_hosts)
+              : "",
+        HumanRate(r.key.share_bytes_per_sec));
   }
   if (now.keys.empty()) absl::StrAppend(&out, "no clients\n");
   absl::StrAppend(&out, "\nq: quit\n");
