@@ -140,7 +140,7 @@ void Initialize() {
     cluster.url = config->cluster_url;
     cluster.name = config->cluster_name;
     cluster.secret = config->cluster_secret;
-    cluster.host_id = DefaultClusterHostId(config->zone_name);
+    cluster.host_id = ClusterHostId(config->cluster_host, config->zone_name);
     cluster.decay_ns = config->cluster_decay_ns;
     // Never destroyed, like the Governor.
     options.agent = new ClusterAgent(zone->get(), &g_logger, cluster);

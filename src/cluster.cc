@@ -1,5 +1,7 @@
 #include "src/cluster.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -134,6 +136,15 @@ std::string DescribeClusterUrl(const ClusterUrl& url) {
   return absl::StrCat(
       "redis://", url.password.empty() ? "" : absl::StrCat(url.user, ":***@"),
       v6 ? "[" : "", url.host, v6 ? "]" : "", ":", url.port, "/", url.db);
+}
+
+std::string ClusterHostId(absl::string_view host, absl::string_view zone_name) {
+  if (!host.empty()) return absl::StrCat(host, "/", zone_name);
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+    return absl::StrCat("localhost/", zone_name);
+  }
+  return absl::StrCat(name, "/", zone_name);
 }
 
 std::string ClusterKeyName(absl::string_view zone, const void* key,

@@ -42,6 +42,10 @@ absl::StatusOr<ClusterUrl> ParseClusterUrl(
 // The URL as shown (the password replaced by "***").
 std::string DescribeClusterUrl(const ClusterUrl& url);
 
+// This host's id in Redis, "<host>/<zone>": host is TRAFFICRATE_CLUSTER_HOST
+// or, empty, the machine's hostname. Two zones on one machine are two hosts.
+std::string ClusterHostId(absl::string_view host, absl::string_view zone_name);
+
 // The Redis key of one client key: "trafficrate:ZONE:" and 16 hex digits of
 // SipHash-2-4 keyed by the cluster secret, so that Redis never holds client
 // addresses in clear and hosts with the same secret agree on the name.

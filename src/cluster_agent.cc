@@ -47,14 +47,6 @@ void WriteText(uint8_t* field, const std::string& text) {
 
 }  // namespace
 
-std::string DefaultClusterHostId(const std::string& zone_name) {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
-    std::strcpy(host, "localhost");
-  }
-  return std::string(host) + "/" + zone_name;
-}
-
 ClusterAgent::ClusterAgent(Zone* zone, const Logger* logger,
                            ClusterAgentOptions options)
     : zone_(zone), logger_(logger), options_(std::move(options)) {}
@@ -231,7 +223,8 @@ void ClusterAgent::Pass(int64_t now_ns) {
     logger_->Warning(
         "cluster: another host writes to Redis under this host's id %s, so "
         "each overwrites the other's figures and both take too much; give "
-        "the hosts of a fleet different hostnames (the id is HOSTNAME/ZONE)",
+        "each host of the fleet its own TRAFFICRATE_CLUSTER_HOST (the id is "
+        "HOST/ZONE, HOST by default the hostname)",
         options_.host_id.c_str());
   }
   last_success_ns_ = now_ns;

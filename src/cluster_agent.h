@@ -57,7 +57,7 @@ struct ClusterAgentOptions {
   ClusterUrl url;
   std::string name;    // TRAFFICRATE_CLUSTER_NAME: the namespace in Redis
   std::string secret;  // TRAFFICRATE_CLUSTER_SECRET
-  // This host's id in Redis: "<hostname>/<zone>" (DefaultClusterHostId).
+  // This host's id in Redis: "<host>/<zone>" (ClusterHostId).
   std::string host_id;
   int64_t decay_ns = 10'000'000'000;  // TRAFFICRATE_CLUSTER_DECAY
   int64_t tick_ns = 100'000'000;
@@ -68,9 +68,6 @@ struct ClusterAgentOptions {
   // The lease: renewed every pass, taken over once expired.
   int64_t lease_ms = 500;
 };
-
-// "<hostname>/<zone>": two zones on one machine are two hosts.
-std::string DefaultClusterHostId(const std::string& zone_name);
 
 class ClusterAgent : public ZoneAgent {
  public:

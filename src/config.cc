@@ -104,6 +104,15 @@ absl::Status ParseClusterVariables(EnvLookup env, Config* config) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config->cluster_decay_ns,
                                  ParseClusterDecayNs(value));
   }
+  const char* host_value = env(kEnvClusterHost);
+  if (const char* value = host_value; value != nullptr) {
+    absl::StatusOr<std::string> host = ParseZoneName(value);
+    if (!host.ok()) {
+      return VariableError(kEnvClusterHost, value, "is not a host name",
+                           kZoneForm);
+    }
+    config->cluster_host = *host;
+  }
   if (config->cluster && secret == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         kEnvClusterSecret, ": unset, but ", kEnvCluster, " is set; use ",
@@ -115,7 +124,8 @@ absl::Status ParseClusterVariables(EnvLookup env, Config* config) {
     const std::pair<const char*, const char*> companions[] = {
         {kEnvClusterSecret, secret},
         {kEnvClusterName, name_value},
-        {kEnvClusterDecay, decay_value}};
+        {kEnvClusterDecay, decay_value},
+        {kEnvClusterHost, host_value}};
     for (const auto& [companion, value] : companions) {
       if (value != nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(

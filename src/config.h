@@ -56,6 +56,9 @@
 //   TRAFFICRATE_CLUSTER_DECAY   while Redis is away, how long the last
 //                          shares take to move to the full local rate;
 //                          0 .. 600s, default 10s
+//   TRAFFICRATE_CLUSTER_HOST    this host's name in Redis (the zone's name
+//                          rule); its id there is HOST/ZONE. Default: the
+//                          machine's hostname
 // A variable that is set but empty is an error, not "use the default": an
 // empty value is usually a shell variable that was meant to hold something.
 
@@ -96,13 +99,14 @@ inline constexpr const char* kEnvCluster = "TRAFFICRATE_CLUSTER";
 inline constexpr const char* kEnvClusterSecret = "TRAFFICRATE_CLUSTER_SECRET";
 inline constexpr const char* kEnvClusterName = "TRAFFICRATE_CLUSTER_NAME";
 inline constexpr const char* kEnvClusterDecay = "TRAFFICRATE_CLUSTER_DECAY";
+inline constexpr const char* kEnvClusterHost = "TRAFFICRATE_CLUSTER_HOST";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate,        kEnvKey,         kEnvZone,    kEnvZoneSize,
-    kEnvPorts,       kEnvExempt,      kEnvAfter,   kEnvLog,
-    kEnvStrict,      kEnvIdle,        kEnvShare,   kEnvBurst,
-    kEnvInherited,   kEnvConfig,      kEnvCluster, kEnvClusterSecret,
-    kEnvClusterName, kEnvClusterDecay};
+    kEnvRate,        kEnvKey,          kEnvZone,       kEnvZoneSize,
+    kEnvPorts,       kEnvExempt,       kEnvAfter,      kEnvLog,
+    kEnvStrict,      kEnvIdle,         kEnvShare,      kEnvBurst,
+    kEnvInherited,   kEnvConfig,       kEnvCluster,    kEnvClusterSecret,
+    kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
@@ -152,6 +156,7 @@ struct Config {
   std::string cluster_secret;
   std::string cluster_name;  // the zone name unless set
   int64_t cluster_decay_ns = kDefaultClusterDecayNs;
+  std::string cluster_host;  // empty: the machine's hostname
 };
 
 // Looks a variable up; returns nullptr when it is unset. The returned string

@@ -1,5 +1,7 @@
 #include "src/cluster.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -69,6 +71,13 @@ TEST(ParseClusterUrlTest, RefusesWithTheVariableAndTheFormNeverThePassword) {
   url = ParseClusterUrl("rediss://h");
   ASSERT_FALSE(url.ok());
   EXPECT_THAT(url.status().message(), HasSubstr("no TLS"));
+}
+
+TEST(ClusterHostIdTest, IsTheHostOrElseTheHostnameThenTheZone) {
+  EXPECT_EQ(ClusterHostId("web1", "nginx"), "web1/nginx");
+  char hostname[256] = {};
+  ASSERT_EQ(gethostname(hostname, sizeof(hostname) - 1), 0);
+  EXPECT_EQ(ClusterHostId("", "nginx"), std::string(hostname) + "/nginx");
 }
 
 TEST(ClusterKeyNameTest, IsNamespacedByZoneAndHidesTheAddress) {

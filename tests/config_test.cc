@@ -136,11 +136,11 @@ TEST(ParseConfigTest, AllVariablesSet) {
 
 TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
   const std::vector<std::string> want = {
-      kEnvRate,        kEnvKey,         kEnvZone,    kEnvZoneSize,
-      kEnvPorts,       kEnvExempt,      kEnvAfter,   kEnvLog,
-      kEnvStrict,      kEnvIdle,        kEnvShare,   kEnvBurst,
-      kEnvInherited,   kEnvConfig,      kEnvCluster, kEnvClusterSecret,
-      kEnvClusterName, kEnvClusterDecay};
+      kEnvRate,        kEnvKey,          kEnvZone,       kEnvZoneSize,
+      kEnvPorts,       kEnvExempt,       kEnvAfter,      kEnvLog,
+      kEnvStrict,      kEnvIdle,         kEnvShare,      kEnvBurst,
+      kEnvInherited,   kEnvConfig,       kEnvCluster,    kEnvClusterSecret,
+      kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
   std::vector<std::string> seen;
   ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
                 seen.push_back(name);
@@ -198,6 +198,9 @@ TEST(ParseConfigTest, ClusterVariables) {
   EXPECT_EQ(config.cluster_decay_ns, 3'000'000'000);
   env.Set(kEnvClusterName, "fleet-1");
   EXPECT_EQ(env.Parse().value().cluster_name, "fleet-1");
+  EXPECT_EQ(config.cluster_host, "");  // the hostname
+  env.Set(kEnvClusterHost, "web1.example");
+  EXPECT_EQ(env.Parse().value().cluster_host, "web1.example");
 }
 
 TEST(ParseConfigTest, ClusterOffByDefault) {
@@ -218,7 +221,8 @@ TEST(ParseConfigTest, ClusterCompanionsNeedTheUrl) {
   const std::pair<const char*, const char*> companions[] = {
       {kEnvClusterSecret, "0123456789abcdef"},
       {kEnvClusterName, "fleet"},
-      {kEnvClusterDecay, "1s"}};
+      {kEnvClusterDecay, "1s"},
+      {kEnvClusterHost, "web1"}};
   for (const auto& [name, value] : companions) {
     FakeEnv env = {{kEnvRate, "1m"}};
     env.Set(name, value);
@@ -244,11 +248,19 @@ TEST(ParseConfigTest, ClusterSecretIsCheckedAndNeverShown) {
 }
 
 TEST(ParseConfigTest, ClusterUrlAndDecayErrorsNameTheVariable) {
+  const std::string long_host(65, 'h');
   const std::pair<const char*, const char*> bad_values[] = {
-      {kEnvCluster, "http://x"},    {kEnvCluster, "rediss://x"},
-      {kEnvCluster, "redis://"},    {kEnvCluster, "redis://h:0"},
-      {kEnvCluster, "redis://h/x"}, {kEnvClusterDecay, "601s"},
-      {kEnvClusterDecay, "soon"},   {kEnvClusterName, "a/b"}};
+      {kEnvCluster, "http://x"},
+      {kEnvCluster, "rediss://x"},
+      {kEnvCluster, "redis://"},
+      {kEnvCluster, "redis://h:0"},
+      {kEnvCluster, "redis://h/x"},
+      {kEnvClusterDecay, "601s"},
+      {kEnvClusterDecay, "soon"},
+      {kEnvClusterName, "a/b"},
+      {kEnvClusterHost, "a/b"},
+      {kEnvClusterHost, "web 1"},
+      {kEnvClusterHost, long_host.c_str()}};
   for (const auto& [name, value] : bad_values) {
     FakeEnv env = {{kEnvRate, "1m"},
                    {kEnvCluster, "redis://127.0.0.1"},

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/cluster.h"
 #include "src/config.h"
 #include "src/rules_file.h"
 #include "src/snapshot.h"
@@ -259,11 +260,12 @@ void AppendSharedSettings(const Config& config, std::string* out) {
   } else {
     absl::StrAppendFormat(
         out,
-        "  cluster %s, name %s: each key's rate is shared with the other "
-        "hosts there (client keys hashed with TRAFFICRATE_CLUSTER_SECRET); "
-        "while Redis is away the last shares reach the full local rate in "
-        "%s\n",
+        "  cluster %s, name %s, this host %s: each key's rate is shared "
+        "with the other hosts there (client keys hashed with "
+        "TRAFFICRATE_CLUSTER_SECRET); while Redis is away the last shares "
+        "reach the full local rate in %s\n",
         DescribeClusterUrl(config.cluster_url), config.cluster_name,
+        ClusterHostId(config.cluster_host, config.zone_name),
         FormatDurationNs(config.cluster_decay_ns));
   }
 }

@@ -152,6 +152,12 @@ std::vector<VariableDoc>* MakeVariableDocs() {
        "to the full local rate over this long, counted from the last "
        "exchange: 0 to 600s; 0 gives the full rate at once.",
        "10s"},
+      {"TRAFFICRATE_CLUSTER_HOST", "--cluster-host", "NAME", "",
+       "this host's name in the fleet, when hostnames are not unique",
+       "This host's name in Redis (1 to 64 of A-Z a-z 0-9 _ . -); its id "
+       "there is NAME/ZONE. Every host of a fleet needs its own: set it "
+       "where machines share a hostname (cloned images, containers).",
+       "the hostname"},
   };
 }
 
@@ -485,9 +491,10 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "TRAFFICRATE_CLUSTER_SECRET and TRAFFICRATE_CLUSTER_NAME (by default "
         "the zone name), the same key setting, rules and rates (rules match "
         "across hosts by name), and a host name of its own: a host's id in "
-        "Redis is HOSTNAME/ZONE, and two hosts with one id overwrite each "
-        "other's figures (logged). The secret goes through the environment "
-        "only:",
+        "Redis is HOST/ZONE, HOST being TRAFFICRATE_CLUSTER_HOST or else the "
+        "hostname, and two hosts with one id overwrite each other's figures "
+        "(logged; `trafficrate check` shows the id). The secret goes through "
+        "the environment only:",
         "    export TRAFFICRATE_CLUSTER_SECRET=\"$(cat "
         "/etc/trafficrate/cluster.secret)\"\n"
         "    trafficrate run --rate 500k --zone web \\\n"

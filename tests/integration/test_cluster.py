@@ -2,8 +2,9 @@
 
 Two "hosts": two nginx (2 workers each, `listen ... reuseport`), one on
 127.0.0.10 and one on 127.0.0.11, each under the library with a zone of its
-own (a host's id is "<hostname>/<zone>", so they are two hosts on this one
-machine), both with the same TRAFFICRATE_CLUSTER (one redis-server on
+own (a host's id is "<host>/<zone>", so they are two hosts on this one
+machine; host a's <host> is the hostname, host b's TRAFFICRATE_CLUSTER_HOST
+"host-b"), both with the same TRAFFICRATE_CLUSTER (one redis-server on
 127.0.0.1 that this module starts, redis_server.py), _CLUSTER_SECRET and
 _CLUSTER_NAME, TRAFFICRATE_CLUSTER_DECAY=1s, and rate 500k (512000 B/s) per
 client IP. One client, 127.0.0.2, downloads big.bin from both.
@@ -105,8 +106,13 @@ class Host:
         self.server = None
 
     @property
+    def host_name(self):
+        """TRAFFICRATE_CLUSTER_HOST: host a's is left to the hostname."""
+        return None if self.label == "a" else "host-" + self.label
+
+    @property
     def host_id(self):
-        return "%s/%s" % (socket.gethostname(), self.zone)
+        return "%s/%s" % (self.host_name or socket.gethostname(), self.zone)
 
     def stat(self):
         return harness.stat_json(self.zone)
@@ -130,7 +136,8 @@ class Fleet:
     def env(self, host):
         return harness.preload_env(
             host.zone, RATE, CLUSTER=self.redis.url(), CLUSTER_SECRET=SECRET,
-            CLUSTER_NAME=self.name, CLUSTER_DECAY=DECAY)
+            CLUSTER_NAME=self.name, CLUSTER_DECAY=DECAY,
+            CLUSTER_HOST=host.host_name)
 
     def start_host(self, host):
         harness.remove_zone(host.zone)
@@ -390,7 +397,8 @@ def test_check_refuses_bad_cluster_settings_in_one_line(zone, cli):
     good = {"TRAFFICRATE_CLUSTER": "redis://:%s@127.0.0.1:6379/2" % PASSWORD,
             "TRAFFICRATE_CLUSTER_SECRET": SECRET,
             "TRAFFICRATE_CLUSTER_NAME": "fleet-it",
-            "TRAFFICRATE_CLUSTER_DECAY": "500ms"}
+            "TRAFFICRATE_CLUSTER_DECAY": "500ms",
+            "TRAFFICRATE_CLUSTER_HOST": "web-7.example"}
     cp = harness.run_cli("check", "--rate", RATE, "--zone", zone, env=good)
     report = "rc %d\nstdout: %s\nstderr: %s" % (cp.returncode, cp.stdout, cp.stderr)
     assert cp.returncode == 0, report
@@ -399,6 +407,7 @@ def test_check_refuses_bad_cluster_settings_in_one_line(zone, cli):
     lines = [l for l in cp.stdout.splitlines() if l.split()[:1] == ["cluster"]]
     assert len(lines) == 1 and "fleet-it" in lines[0], report
     assert "127.0.0.1:6379/2" in lines[0], report
+    assert "this host web-7.example/%s:" % zone in lines[0], report
 
 
 def test_two_downloads_on_each_host_share_the_clients_rate(fleet):
