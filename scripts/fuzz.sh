@@ -36,8 +36,6 @@ if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 3)); then
 fi
 
 trafficrate_install_packages "${TRAFFICRATE_FUZZ_PACKAGES[@]}"
-CC=clang CXX=clang++ trafficrate_build build-fuzz \
-  -DTRAFFICRATE_FUZZ=ON -DTRAFFICRATE_BUILD_TESTS=OFF
 
 # target weight max_len: the zone targets' inputs are at most one zone
 # (kFuzzZoneSize, tests/fuzz/fuzz_util.h).
@@ -52,6 +50,15 @@ if [[ -n $only ]]; then
   done
   [[ ${targets[0]%% *} == "$only" ]] || { echo "fuzz.sh: no target $only" >&2; exit 2; }
 fi
+# Only what fuzzing runs: the targets and the seed maker (not the library,
+# the CLI or the benchmarks, which the other builds cover).
+build_targets=(make_fuzz_seeds)
+for t in "${targets[@]}"; do build_targets+=("${t%% *}"); done
+CC=clang CXX=clang++ cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-fuzz" \
+  -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_FUZZ=ON \
+  -DTRAFFICRATE_BUILD_TESTS=OFF -DTRAFFICRATE_BENCHMARKS=OFF >/dev/null
+cmake --build "$TRAFFICRATE_ROOT/build-fuzz" --target "${build_targets[@]}"
+
 weights=0
 for t in "${targets[@]}"; do
   read -r _ weight _ <<<"$t"
