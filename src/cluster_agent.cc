@@ -65,6 +65,7 @@ void ClusterAgent::Poll(uint32_t proc, int64_t now_ns) {
     pthread_join(thread_, nullptr);
     proc_.store(kNoSlot, std::memory_order_relaxed);
   }
+  FreeLeaseOfDeadHolder(proc);
   if (!TryTakeLeaseWord(zone_->cluster().lease, proc, now_ns,
                         options_.lease_ms)) {
     return;
@@ -87,6 +88,23 @@ void ClusterAgent::Poll(uint32_t proc, int64_t now_ns) {
         "host's full rate until another process takes the cluster over",
         strerror(rc), zone_->name().c_str());
   }
+}
+
+void ClusterAgent::FreeLeaseOfDeadHolder(uint32_t proc) {
+  // The holder's process died (or left the zone) if its slot's liveness
+  // mutex says so. Waiting for its lease to run out (lease_ms) and then for
+  // the next poll would leave this host's figures in Redis unrenewed for
+  // longer than they live (ttl_ms): the other hosts would count it gone
+  // and take its part for a tick or two.
+  std::atomic<uint64_t>& lease = zone_->cluster().lease;
+  uint64_t seen = lease.load(std::memory_order_acquire);
+  const uint64_t owner = seen >> 48;
+  if (owner == 0 || owner - 1 == proc || owner - 1 >= zone_->proc_capacity() ||
+      !Zone::ProcMaybeDead(zone_->proc(static_cast<uint32_t>(owner - 1)))) {
+    return;
+  }
+  // Lost to a renewal or another taker: the lease is theirs.
+  lease.compare_exchange_strong(seen, 0, std::memory_order_acq_rel);
 }
 
 void ClusterAgent::AfterForkChild() {

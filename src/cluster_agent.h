@@ -88,6 +88,9 @@ class ClusterAgent : public ZoneAgent {
  private:
   static void* Main(void* self);
   void Run();
+  // Frees the zone's lease if its holder (not proc) is dead, so that Poll
+  // takes it at once.
+  void FreeLeaseOfDeadHolder(uint32_t proc);
   void Pass(int64_t now_ns);
   // Publishes this host's URL, name and id in the zone (the lease holder's).
   void PublishIdentity();

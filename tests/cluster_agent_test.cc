@@ -7,9 +7,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -306,6 +308,39 @@ TEST_F(ClusterAgentTest, ALeaseEndingTooFarAheadIsTakenOver) {
   const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
   a.zone->cluster().lease.store(other | (now_ms + 400));
   EXPECT_FALSE(a.agent->PassForTesting(a.proc, now));
+}
+
+// A holder whose process died (its watcher thread ended holding the slot's
+// liveness mutex, as under SIGKILL) is replaced at the next poll, not when
+// its lease runs out: this host's figures in Redis must be renewed within
+// their TTL (600 ms) or the other hosts count it gone.
+TEST_F(ClusterAgentTest, ALeaseOfADeadProcessIsTakenAtTheNextPoll) {
+  Host& a = AddHost("a");
+  std::atomic<uint32_t> slot{kNoSlot};
+  std::atomic<bool> die{false};
+  std::thread watcher([&] {
+    HeldMutex liveness;
+    {
+      ZoneLock lock(*a.zone);
+      ASSERT_TRUE(lock.ok());
+      slot = a.zone->ClaimProcLocked(getpid(), 2, &liveness);
+    }
+    while (!die.load()) SleepNs(kNsPerMs);
+    // Ends without releasing it: the kernel marks it owner-died.
+  });
+  ASSERT_TRUE(PollUntil([&] { return slot.load() != kNoSlot; }, kNsPerSec));
+  const int64_t now = MonotonicNowNs();
+  const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
+  a.zone->cluster().lease.store(uint64_t{slot.load() + 1} << 48 |
+                                (now_ms + 400));
+  a.agent->Poll(a.proc, now);
+  EXPECT_FALSE(a.agent->running()) << "the holder is alive";
+  die = true;
+  watcher.join();
+  a.agent->Poll(a.proc, now);
+  EXPECT_TRUE(a.agent->running())
+      << "the holder died 400 ms before its lease ends";
+  a.agent.reset();  // joins its thread
 }
 
 // A process that takes the exchange over reads the other hosts' figures in

@@ -526,9 +526,11 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "reconnects by itself. After the decay a client spread over N hosts "
         "may get N times the rate, as without a cluster.",
         "* The exchanging process dies: another process of the zone takes "
-        "the lease over within about a second (the lease lasts 500 ms); its "
-        "first pass makes two round trips (the first learns which hosts "
-        "there are), so the keys keep their shares.",
+        "the exchange over within 250 ms (a dead holder's lease is free at "
+        "once; a live one that stalls keeps it for 500 ms), before the "
+        "host's entry in Redis expires; its first pass makes two round "
+        "trips (the first learns which hosts there are), so the keys keep "
+        "their shares.",
         "* No process of the zone has exchanged for 2 s (stat: stale): every "
         "key has the full local rate.",
         "Redis holds, under trafficrate:NAME: (the cluster name), the set of "

@@ -51,6 +51,7 @@ import redis_server
 RATE = "500k"
 TARGET = 512000  # B/s per client IP, for the whole fleet
 CLIENT = "127.0.0.2"
+OTHER_CLIENT = "127.0.0.3"  # requests that start another worker's watcher
 HOST_ADDRS = ("127.0.0.10", "127.0.0.11")
 SECRET = "trafficrate-it-fleet-secret-0123456789"
 DECAY = "1s"
@@ -67,6 +68,10 @@ FULL_RATE_AFTER_S = 2.0  # Redis killed -> full local rate (decay 1 s + a tick)
 RECONNECT_WITHIN_S = 2.0  # Redis back -> both "connected", shared again
 DEAD_HOST_WITHIN_S = 1.0  # a host killed -> the other's share >= 0.95 x rate
 TAKEOVER_WITHIN_S = 3.0  # the exchange's holder killed -> another holds it
+# ... and exchanges before the host's entry in Redis expires: 600 ms after
+# the last exchange, up to a tick (100 ms) before the kill. The next holder
+# comes at the next watcher poll (every 250 ms), plus the stat polling here.
+TAKEOVER_BEFORE_EXPIRY_S = 0.5
 
 pytestmark = pytest.mark.usefixtures("small_gso_packets")
 
@@ -513,32 +518,62 @@ def test_a_stalled_redis_means_fallback_and_connected_again_when_it_answers(flee
 
 
 def test_another_process_takes_over_the_exchange_when_its_holder_dies(fleet):
-    """SIGKILL the process that holds host a's exchange: another process of
-    the zone holds it within 3 s, connected, exchanging again."""
+    """SIGKILL the process that holds host a's exchange, once another worker
+    of host a has served a request (a process takes part in its zone, and may
+    take the exchange over, from its first connection on): that worker holds
+    the exchange within 0.5 s, connected, exchanging again: before host a's
+    figures in Redis expire (a dead holder's lease is free at the next
+    watcher poll, not when it runs out), so host b counts host a as a peer
+    all along, until 1 s after."""
     a, b = hosts = fleet.hosts
-    with Traffic([a, b], WARMUP_S + SETTLE_TIMEOUT_S + TAKEOVER_WITHIN_S + 5) \
+    with Traffic([a, b], WARMUP_S + SETTLE_TIMEOUT_S + TAKEOVER_WITHIN_S + 8) \
             as traffic:
         _, stats = settle(traffic, hosts, 2, 2)
         holder = stats[a]["cluster"]["pid"]
         family = a.processes()
         assert holder in family, describe(stats)
+
+        def others(st):
+            return [p["pid"] for p in st[a]["processes"]
+                    if p["alive"] and p["pid"] != holder]
+        for _ in range(40):  # requests spread over the workers (reuseport)
+            if others({a: a.stat()}):
+                break
+            harness.http_get(a.server.port, source=OTHER_CLIENT, host=a.addr)
+        stats = {a: a.stat()}
+        assert others(stats), "no other process of host a registered:\n%s" % (
+            describe(stats))
         assert harness.kill_pid(holder, signal.SIGKILL)
         killed = time.monotonic()
+        seen_by_b = []  # (s after the kill, host b's peers)
+
+        def watch_b(st):
+            seen_by_b.append((round(time.monotonic() - killed, 2),
+                              (st[b].get("cluster") or {}).get("peers")))
+            return False
 
         def taken_over(st):
+            watch_b(st)
             cluster = st[a].get("cluster")
             return (cluster is not None and cluster["pid"] != holder
                     and harness.pid_alive(cluster["pid"])
                     and cluster["state"] == "connected"
                     and cluster["last_exchange_ms_ago"] < 500)
-        seen, after = wait_stats([a], taken_over, TAKEOVER_WITHIN_S)
-    report = "host a's exchange holder pid %d (of %s) killed; after %s s:\n%s" % (
-        holder, sorted(family), None if seen is None else "%.2f" % (seen - killed),
-        describe(after))
+        seen, after = wait_stats(hosts, taken_over, TAKEOVER_WITHIN_S)
+        if seen is not None:
+            wait_stats(hosts, watch_b, 1.0)
+    gone = [v for v in seen_by_b if v[1] != 1]
+    report = ("host a's exchange holder pid %d (of %s) killed; after %s s:\n%s\n"
+              "host b's peers not 1 at (s after the kill, peers): %s of %d" % (
+                  holder, sorted(family),
+                  None if seen is None else "%.2f" % (seen - killed),
+                  describe(after), gone, len(seen_by_b)))
     print("\n" + report)
     assert seen is not None, report
     new = after[a]["cluster"]["pid"]
     assert new in a.processes() | family, report
+    assert seen - killed < TAKEOVER_BEFORE_EXPIRY_S, report
+    assert not gone, report
 
 
 def test_hosts_fall_back_to_the_full_rate_without_redis_and_share_again(fleet):
