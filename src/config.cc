@@ -77,6 +77,20 @@ absl::Status ApplyRulesFile(absl::string_view value, const char* also_set,
   return absl::OkStatus();
 }
 
+// A variable that names something in the zone name's form (the cluster, a
+// host): *name is left alone when value is null (unset).
+absl::Status ParseNamed(const char* variable, const char* value,
+                        absl::string_view what, std::string* name) {
+  if (value == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::string> parsed = ParseZoneName(value);
+  if (!parsed.ok()) {
+    return VariableError(variable, value,
+                         absl::StrCat("is not a ", what, " name"), kZoneForm);
+  }
+  *name = *std::move(parsed);
+  return absl::OkStatus();
+}
+
 // TRAFFICRATE_CLUSTER and its companions, which mean nothing without it.
 absl::Status ParseClusterVariables(EnvLookup env, Config* config) {
   const char* url = env(kEnvCluster);
@@ -91,28 +105,16 @@ absl::Status ParseClusterVariables(EnvLookup env, Config* config) {
   }
   config->cluster_name = config->zone_name;
   const char* name_value = env(kEnvClusterName);
-  if (const char* value = name_value; value != nullptr) {
-    absl::StatusOr<std::string> name = ParseZoneName(value);
-    if (!name.ok()) {
-      return VariableError(kEnvClusterName, value, "is not a cluster name",
-                           kZoneForm);
-    }
-    config->cluster_name = *name;
-  }
+  TRAFFICRATE_RETURN_IF_ERROR(ParseNamed(kEnvClusterName, name_value, "cluster",
+                                         &config->cluster_name));
   const char* decay_value = env(kEnvClusterDecay);
   if (const char* value = decay_value; value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config->cluster_decay_ns,
                                  ParseClusterDecayNs(value));
   }
   const char* host_value = env(kEnvClusterHost);
-  if (const char* value = host_value; value != nullptr) {
-    absl::StatusOr<std::string> host = ParseZoneName(value);
-    if (!host.ok()) {
-      return VariableError(kEnvClusterHost, value, "is not a host name",
-                           kZoneForm);
-    }
-    config->cluster_host = *host;
-  }
+  TRAFFICRATE_RETURN_IF_ERROR(
+      ParseNamed(kEnvClusterHost, host_value, "host", &config->cluster_host));
   if (config->cluster && secret == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         kEnvClusterSecret, ": unset, but ", kEnvCluster, " is set; use ",
