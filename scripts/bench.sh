@@ -131,15 +131,21 @@ writepath() {
     status=1
   fi
 }
-if selected writepath; then
-  if [[ -x $build_dir/write_path_bench ]]; then
-    echo "== write path: ns per call on a governed loopback socket (medians of repetitions)"
-    writepath
+# run_selected NAME PROGRAM TITLE WHY: runs the function NAME when --only
+# selects it, if build_dir holds PROGRAM; else says why it is missing.
+run_selected() {
+  selected "$1" || return 0
+  if [[ -x $build_dir/$2 ]]; then
+    echo "== $3"
+    "$1"
   else
-    echo "bench.sh: write_path_bench not built (libbenchmark-dev missing?)" >&2
+    echo "bench.sh: $2 not built ($4)" >&2
     status=1
   fi
-fi
+}
+run_selected writepath write_path_bench \
+  "write path: ns per call on a governed loopback socket (medians of repetitions)" \
+  "libbenchmark-dev missing?"
 
 # cluster_bench: two hosts sharing through a redis-server of its own; it
 # prints its table, and its figures and latency samples go to
@@ -160,15 +166,9 @@ cluster() {
   fi
   if [[ -s $json ]]; then echo "results: $json"; fi
 }
-if selected cluster; then
-  if [[ -x $build_dir/cluster_bench ]]; then
-    echo "== cluster: fleet sharing through Redis (tests/bench/cluster_bench.cc)"
-    cluster
-  else
-    echo "bench.sh: cluster_bench not built (TRAFFICRATE_BENCHMARKS off?)" >&2
-    status=1
-  fi
-fi
+run_selected cluster cluster_bench \
+  "cluster: fleet sharing through Redis (tests/bench/cluster_bench.cc)" \
+  "TRAFFICRATE_BENCHMARKS off?"
 
 if budget_selected; then
   [[ -s $wp_json ]] && budget_args+=(--writepath "$wp_json")
