@@ -89,7 +89,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   const ZoneHeaderShm& h = zone.header();
   if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion ||
       !zone.HeaderIntact()) {
-    return Zone::CorruptStatus(zone.name(), "its header changed");
+    return zone.CorruptStatus("its header changed");
   }
   ZoneSnapshot snap;
   snap.name = zone.name();

@@ -19,14 +19,17 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "src/budget.h"
 #include "src/clock.h"
 #include "src/config.h"
 #include "src/key_budget.h"
 #include "src/siphash.h"
+#include "src/zone_file.h"
 
 namespace trafficrate {
 namespace {
@@ -43,12 +46,14 @@ constexpr SipKey kHeaderChecksumKey = {0x7472616666696372ULL,
 // another process starting at the same time) before giving up.
 constexpr int kReplaceAttempts = 3;
 
-absl::Status CorruptError(const std::string& shm, absl::string_view why) {
+// The error of a zone found corrupt at `path`.
+absl::Status CorruptError(const std::string& path, absl::string_view name,
+                          absl::string_view why) {
   return absl::DataLossError(absl::StrFormat(
-      "zone %s is corrupt (%s); the processes using it pass through unpaced; "
-      "a server started now replaces it, or remove it with `trafficrate rm "
-      "--zone %s`",
-      shm, why, shm.substr(sizeof("/trafficrate.") - 1)));
+      "zone %s (%s) is corrupt (%s); the processes using it pass through "
+      "unpaced; a server started now replaces it, or remove it with "
+      "`trafficrate rm --zone %s`",
+      name, path, why, name));
 }
 
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
@@ -149,12 +154,9 @@ std::string DescribeKeySpec(const KeySpec& spec) {
   return absl::StrFormat("peer/%d,%d", spec.v4_prefix, spec.v6_prefix);
 }
 
-std::string ZoneShmName(absl::string_view zone_name) {
-  return absl::StrCat("/trafficrate.", zone_name);
-}
-
-Zone::Zone(std::string name, void* base, size_t size)
+Zone::Zone(std::string name, std::string path, void* base, size_t size)
     : name_(std::move(name)),
+      path_(std::move(path)),
       base_(base),
       size_(size),
       header_(static_cast<ZoneHeaderShm*>(base)),
@@ -231,26 +233,25 @@ void InitializeZone(void* base, uint64_t size_bytes,
 // size and the segment's real size. A zone of another layout version is
 // refused (FailedPrecondition: a running server of that version may use it);
 // anything else that does not hold is corruption (DataLoss).
-absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
-                            uint64_t actual_size) {
+absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& path,
+                            absl::string_view name, uint64_t actual_size) {
   if (h.magic == kZoneMagic && h.layout_version != kZoneLayoutVersion) {
-    absl::string_view name = shm;
-    absl::ConsumePrefix(&name, "/trafficrate.");
     absl::Status status = absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s has layout version %u, this library uses %u (another "
+        "zone %s (%s) has layout version %u, this library uses %u (another "
         "trafficrate version); stop the servers using it, then remove it "
         "with `trafficrate rm --force --zone %s`",
-        shm, h.layout_version, kZoneLayoutVersion, name));
+        name, path, h.layout_version, kZoneLayoutVersion,
+        absl::StrContains(path, "/trafficrate.") ? path : std::string(name)));
     status.SetPayload(kOtherLayoutPayload,
                       absl::Cord(absl::StrCat(h.layout_version)));
     return status;
   }
-  if (h.magic != kZoneMagic) return CorruptError(shm, "bad magic");
+  if (h.magic != kZoneMagic) return CorruptError(path, name, "bad magic");
   if (h.corrupt.load(std::memory_order_acquire) != 0) {
-    return CorruptError(shm, "marked corrupt by a process that used it");
+    return CorruptError(path, name, "marked corrupt by a process that used it");
   }
   if (ZoneHeaderChecksum(h) != h.header_checksum) {
-    return CorruptError(shm, "header checksum mismatch");
+    return CorruptError(path, name, "header checksum mismatch");
   }
   const bool size_ok = h.zone_size >= kMinZoneSize &&
                        h.zone_size <= kMaxZoneSize &&
@@ -266,23 +267,36 @@ absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
       g.proc_capacity != h.proc_capacity || g.bucket_count != h.bucket_count ||
       g.buckets_offset != h.buckets_offset || g.keys_offset != h.keys_offset ||
       g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset) {
-    return CorruptError(shm, "inconsistent geometry");
+    return CorruptError(path, name, "inconsistent geometry");
   }
   return absl::OkStatus();
+}
+
+// The zone's name from its path: the file's name, without the "trafficrate."
+// of an earlier version's /dev/shm object.
+std::string NameOfPath(absl::string_view path) {
+  absl::string_view name = path.substr(path.rfind('/') + 1);
+  absl::ConsumePrefix(&name, "trafficrate.");
+  return std::string(name);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
-                                                int fd, uint64_t size_bytes,
+                                                const std::string& path, int fd,
+                                                uint64_t size_bytes,
                                                 bool creator,
                                                 uint64_t rate_bytes_per_sec,
                                                 uint32_t key_spec) {
-  const std::string shm = ZoneShmName(zone_name);
+  if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
+    // Too small to hold a header (an empty file), or too large to be one.
+    return CorruptError(path, zone_name,
+                        absl::StrCat("its size is ", size_bytes, " bytes"));
+  }
   void* base =
       mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", shm));
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", path));
   }
   if (creator) InitializeZone(base, size_bytes, rate_bytes_per_sec, key_spec);
   auto* header = static_cast<ZoneHeaderShm*>(base);
@@ -293,13 +307,14 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
   }
   absl::Status valid =
       header->ready.load(std::memory_order_acquire) == 0
-          ? CorruptError(shm, "never initialized: its creator died?")
-          : ValidateHeader(*header, shm, size_bytes);
+          ? CorruptError(path, zone_name,
+                         "never initialized: its creator died?")
+          : ValidateHeader(*header, path, zone_name, size_bytes);
   if (valid.ok() && key_spec != kAnyKeySpec && header->key_spec != key_spec) {
     valid = absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s groups clients by TRAFFICRATE_KEY=%s, not %s; use another "
-        "TRAFFICRATE_ZONE for another key",
-        shm, DescribeKeySpec(UnpackKeySpec(header->key_spec)),
+        "zone %s (%s) groups clients by TRAFFICRATE_KEY=%s, not %s; use "
+        "another TRAFFICRATE_ZONE for another key",
+        zone_name, path, DescribeKeySpec(UnpackKeySpec(header->key_spec)),
         DescribeKeySpec(UnpackKeySpec(key_spec))));
   }
   if (!valid.ok()) {
@@ -307,101 +322,137 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
     return valid;
   }
   return std::unique_ptr<Zone>(
-      new Zone(std::string(zone_name), base, size_bytes));
+      new Zone(std::string(zone_name), path, base, size_bytes));
 }
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
     absl::string_view zone_name, uint64_t size_bytes,
-    uint64_t rate_bytes_per_sec, const KeySpec& key_spec,
-    bool* replaced_corrupt) {
+    uint64_t rate_bytes_per_sec, const KeySpec& key_spec, ZoneOpenNotes* notes,
+    const ZonePlaces* places) {
   if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
     return absl::InvalidArgumentError(
         absl::StrFormat("zone size %u is outside %u..%u", size_bytes,
                         kMinZoneSize, kMaxZoneSize));
   }
-  if (replaced_corrupt != nullptr) *replaced_corrupt = false;
-  const std::string shm = ZoneShmName(zone_name);
+  const ZonePlaces own =
+      places != nullptr ? *places : ZonePlaces::ForUser(geteuid());
+  ZoneOpenNotes local;
   absl::StatusOr<std::unique_ptr<Zone>> zone =
       absl::InternalError("unreachable");
-  for (int attempt = 0; attempt < kReplaceAttempts; ++attempt) {
-    bool creator = true;
-    int fd = shm_open(shm.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && errno == EEXIST) {
-      creator = false;
-      fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+  // Bounded: each turn either ends, or finds a corrupt zone it replaces, or
+  // lost the race to publish a new one to another process starting now.
+  for (int attempt = 0; attempt < 2 * kReplaceAttempts; ++attempt) {
+    ZonePlaceNotes placed;
+    absl::StatusOr<ZoneFile> file = FindZoneFile(own, zone_name, &placed);
+    const bool creator = absl::IsNotFound(file.status());
+    if (creator) file = MakeZoneFile(own, zone_name, size_bytes, &placed);
+    if (!file.ok()) return file.status();
+    local.placement = placed.Line(zone_name);
+    const int64_t size = file->Size();
+    if (!creator && size != static_cast<int64_t>(size_bytes) &&
+        size >= static_cast<int64_t>(kMinZoneSize)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "zone %s (%s) has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; "
+          "use the same size, another TRAFFICRATE_ZONE, or remove it with "
+          "`trafficrate rm --zone %s` once no server uses it",
+          zone_name, file->path(), size, size_bytes, zone_name));
     }
-    if (fd < 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+    zone = Map(zone_name, file->path(), file->fd(),
+               creator ? size_bytes
+                       : static_cast<uint64_t>(std::max<int64_t>(size, 0)),
+               creator, rate_bytes_per_sec, PackKeySpec(key_spec));
+    if (creator && zone.ok()) {
+      const absl::Status published = PublishZoneFile(*file);
+      if (absl::IsAlreadyExists(published)) continue;  // attach theirs
+      if (!published.ok()) return published;
     }
-    absl::Status sized = absl::OkStatus();
-    if (creator) {
-      if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
-        sized = absl::ErrnoToStatus(errno, absl::StrCat("ftruncate ", shm));
-        shm_unlink(shm.c_str());
-      }
-    } else {
-      // The creator may not have sized it yet: wait a bounded time.
-      struct stat st {};
-      const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
-      while (fstat(fd, &st) == 0 && st.st_size == 0 &&
-             MonotonicNowNs() < deadline) {
-        SleepNs(kNsPerMs);
-      }
-      if (static_cast<uint64_t>(st.st_size) != size_bytes) {
-        sized = absl::FailedPreconditionError(absl::StrFormat(
-            "zone %s has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; use "
-            "the same size, another TRAFFICRATE_ZONE, or remove it with "
-            "`rm /dev/shm%s` once no server uses it",
-            shm, st.st_size, size_bytes, shm));
-      }
-    }
-    zone = sized.ok() ? Map(zone_name, fd, size_bytes, creator,
-                            rate_bytes_per_sec, PackKeySpec(key_spec))
-                      : sized;
-    if (creator || !IsCorruptZone(zone.status())) {
-      close(fd);
-      break;
-    }
-    // Corrupt: take its name away (only if it is still the object we
-    // opened, not one another starting server just made) and start afresh.
+    if (creator || !IsCorruptZone(zone.status())) break;
+    // Corrupt: take its name away (only if it is still the file we opened,
+    // not one another starting server just made) and start afresh.
     // Whoever still has it mapped passes through until restarted.
-    struct stat ours {
-    }, named{};
-    const std::string path = absl::StrCat("/dev/shm", shm);
-    if (fstat(fd, &ours) == 0 && stat(path.c_str(), &named) == 0 &&
-        ours.st_dev == named.st_dev && ours.st_ino == named.st_ino) {
-      shm_unlink(shm.c_str());
-    }
-    close(fd);
-    if (replaced_corrupt != nullptr) *replaced_corrupt = true;
+    (void)RemoveZoneFileIfSame(*file);
+    local.replaced_corrupt = true;
   }
   if (zone.ok() &&
       (*zone)->header().rate_bytes_per_sec.load() != rate_bytes_per_sec) {
     (*zone)->SetRate(rate_bytes_per_sec);
   }
+  if (zone.ok()) {
+    struct stat st {};
+    const std::string legacy = LegacyZonePath(own, zone_name);
+    if (lstat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_uid == own.uid) {
+      local.legacy_path = legacy;
+    }
+  }
+  if (notes != nullptr) *notes = std::move(local);
   return zone;
 }
 
-absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(
-    absl::string_view zone_name) {
-  const std::string shm = ZoneShmName(zone_name);
-  const int fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+absl::StatusOr<std::string> Zone::Locate(absl::string_view zone_name,
+                                         const ZonePlaces* places) {
+  if (absl::StartsWith(zone_name, "/")) return std::string(zone_name);
+  const ZonePlaces own =
+      places != nullptr ? *places : ZonePlaces::ForUser(geteuid());
+  absl::StatusOr<ZoneFile> file = FindZoneFile(own, zone_name);
+  if (file.ok()) return file->path();
+  if (!absl::IsNotFound(file.status())) return file.status();
+  const std::vector<std::string> found = FindZoneFilesOfAnyUser(own, zone_name);
+  if (found.size() == 1) return found[0];
+  if (found.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s exists for several users (%s); name one with --zone PATH",
+        zone_name, absl::StrJoin(found, ", ")));
+  }
+  const std::string legacy = LegacyZonePath(own, zone_name);
+  struct stat st {};
+  if (lstat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return legacy;
+  std::string where = absl::StrJoin(own.dirs, ", ");
+  if (own.uid != 0) {
+    absl::StrAppend(&where,
+                    "; a server running as root keeps its zones where "
+                    "only root can read them: run this as root");
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "no zone %s (no server with TRAFFICRATE_ZONE=%s has started as user %s; "
+      "looked in %s)",
+      zone_name, zone_name, DescribeUser(own.uid), where));
+}
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::AttachPath(
+    const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrFormat(
-          "no zone %s (no server with TRAFFICRATE_ZONE=%s has started)", shm,
-          zone_name));
+    const int err = errno;
+    if (err == ENOENT)
+      return absl::NotFoundError(absl::StrCat("no zone ", path));
+    if (err == EACCES) {
+      struct stat st {};
+      const uid_t owner = stat(path.c_str(), &st) == 0 ? st.st_uid : 0;
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "zone %s is owned by user %s: run this as that user or as root", path,
+          DescribeUser(owner)));
     }
-    return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+    return absl::ErrnoToStatus(err, absl::StrCat("open ", path));
   }
   struct stat st {};
   absl::StatusOr<std::unique_ptr<Zone>> zone =
       fstat(fd, &st) != 0
-          ? absl::ErrnoToStatus(errno, absl::StrCat("fstat ", shm))
-          : Map(zone_name, fd, static_cast<uint64_t>(st.st_size),
+          ? absl::ErrnoToStatus(errno, absl::StrCat("fstat ", path))
+      : !S_ISREG(st.st_mode)
+          ? absl::FailedPreconditionError(
+                absl::StrCat(path, " is not a zone: not a regular file"))
+          : Map(NameOfPath(path), path, fd, static_cast<uint64_t>(st.st_size),
                 /*creator=*/false, 0, kAnyKeySpec);
   close(fd);
   return zone;
+}
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(absl::string_view zone_name,
+                                                   const ZonePlaces* places) {
+  absl::StatusOr<std::string> path = Locate(zone_name, places);
+  if (!path.ok()) return path.status();
+  return AttachPath(*path);
 }
 
 bool Zone::IsCorruptZone(const absl::Status& status) {
@@ -426,9 +477,8 @@ bool Zone::CheckHeader() {
   return false;
 }
 
-absl::Status Zone::CorruptStatus(absl::string_view zone_name,
-                                 absl::string_view why) {
-  return CorruptError(ZoneShmName(zone_name), why);
+absl::Status Zone::CorruptStatus(absl::string_view why) const {
+  return CorruptError(path_, name_, why);
 }
 
 void Zone::ForgetCorruptionForTesting() {
@@ -455,10 +505,18 @@ bool Zone::RecheckLock() {
   return lock.ok();
 }
 
-absl::Status Zone::Unlink(absl::string_view zone_name) {
-  const std::string shm = ZoneShmName(zone_name);
-  if (shm_unlink(shm.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("shm_unlink ", shm));
+absl::Status Zone::Unlink(absl::string_view zone_name,
+                          const ZonePlaces* places) {
+  const ZonePlaces own =
+      places != nullptr ? *places : ZonePlaces::ForUser(geteuid());
+  absl::StatusOr<ZoneFile> file = FindZoneFile(own, zone_name);
+  if (!file.ok()) return file.status();
+  return RemoveZoneFileIfSame(*file);
+}
+
+absl::Status Zone::UnlinkPath(const std::string& path) {
+  if (unlink(path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("unlink ", path));
   }
   return absl::OkStatus();
 }

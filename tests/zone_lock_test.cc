@@ -291,11 +291,11 @@ TEST_F(GovernorLockTest, AHeaderChangedUnderARunningProcessMakesItPassThrough) {
   EXPECT_EQ(table_->Get(after.server)->state.load(), 0u);
   EXPECT_EQ(Pacing(after.server), kNotPaced);
   // A server started now gets a fresh zone.
-  bool replaced = false;
+  ZoneOpenNotes notes;
   absl::StatusOr<std::unique_ptr<Zone>> fresh = Zone::OpenOrCreate(
-      zone_name_, uint64_t{1} << 20, kRate, KeySpec(), &replaced);
+      zone_name_, uint64_t{1} << 20, kRate, KeySpec(), &notes);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
-  EXPECT_TRUE(replaced);
+  EXPECT_TRUE(notes.replaced_corrupt);
   EXPECT_TRUE((*fresh)->CheckHeader());
 }
 

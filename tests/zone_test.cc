@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/key_budget.h"
+#include "src/zone_file.h"
 #include "src/zone_layout.h"
 #include "tests/test_util.h"
 
@@ -36,10 +37,14 @@ using testing_util::kPeer;
 using testing_util::kRate;
 using testing_util::MakeKey;
 
-// Copies the whole shm object, to show that a refused zone was not written.
+// Where the calling user's zone of that name is (or would be).
+std::string ZonePathOf(const std::string& zone_name) {
+  return ZoneFilePath(ZonePlaces::ForUser(geteuid()), zone_name);
+}
+
+// Copies the whole zone file, to show that a refused zone was not written.
 std::vector<uint8_t> ReadShm(const std::string& zone_name) {
-  const std::string shm = ZoneShmName(zone_name);
-  const int fd = shm_open(shm.c_str(), O_RDONLY, 0);
+  const int fd = open(ZonePathOf(zone_name).c_str(), O_RDONLY | O_CLOEXEC);
   EXPECT_GE(fd, 0);
   if (fd < 0) return {};
   struct stat st {};
@@ -55,8 +60,7 @@ std::vector<uint8_t> ReadShm(const std::string& zone_name) {
 class RawHeader {
  public:
   explicit RawHeader(const std::string& zone_name) {
-    const std::string shm = ZoneShmName(zone_name);
-    const int fd = shm_open(shm.c_str(), O_RDWR, 0);
+    const int fd = open(ZonePathOf(zone_name).c_str(), O_RDWR | O_CLOEXEC);
     EXPECT_GE(fd, 0);
     if (fd < 0) return;
     void* p = mmap(nullptr, sizeof(ZoneHeaderShm), PROT_READ | PROT_WRITE,
@@ -110,11 +114,6 @@ TEST_F(ZoneTest, CreatedZoneHasAValidHeaderAndEmptyTables) {
   EXPECT_EQ(h.keys_used, 0u);
   EXPECT_EQ(h.conns_used, 0u);
   EXPECT_EQ(zone->FindKeyLocked(MakeKey(1).bytes), kNoSlot);
-}
-
-TEST_F(ZoneTest, ShmNameIsPrefixed) {
-  EXPECT_EQ(ZoneShmName("default"), "/trafficrate.default");
-  EXPECT_EQ(ZoneShmName("a.b"), "/trafficrate.a.b");
 }
 
 TEST_F(ZoneTest, SecondOpenerAttachesAndSeesTheFirstsData) {
@@ -228,7 +227,7 @@ TEST_F(ZoneTest, OpenWithAnotherSizeIsRefusedNamingTheSetting) {
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(other.status().message(), HasSubstr("TRAFFICRATE_ZONE_SIZE"));
-  EXPECT_THAT(other.status().message(), HasSubstr(ZoneShmName(zone_name_)));
+  EXPECT_THAT(other.status().message(), HasSubstr(first->path()));
   // The existing zone is untouched.
   EXPECT_EQ(first->header().zone_size, kOneMiB);
   EXPECT_EQ(ReadShm(zone_name_).size(), kOneMiB);
@@ -294,15 +293,14 @@ void ExpectCorruptAndReplaced(const std::string& zone_name,
   EXPECT_THAT(attached.status().message(), HasSubstr("corrupt"));
   EXPECT_THAT(attached.status().message(), HasSubstr(why));
   EXPECT_THAT(attached.status().message(), HasSubstr("trafficrate rm"));
-  const std::string shm = ZoneShmName(zone_name);
-  const int old_fd = shm_open(shm.c_str(), O_RDONLY, 0);
+  const int old_fd = open(ZonePathOf(zone_name).c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(old_fd, 0);
-  bool replaced = false;
+  ZoneOpenNotes notes;
   // Another rate: using the old zone would store it there.
   absl::StatusOr<std::unique_ptr<Zone>> opened =
-      Zone::OpenOrCreate(zone_name, kOneMiB, 7 * kRate, KeySpec(), &replaced);
+      Zone::OpenOrCreate(zone_name, kOneMiB, 7 * kRate, KeySpec(), &notes);
   ASSERT_TRUE(opened.ok()) << opened.status();
-  EXPECT_TRUE(replaced);
+  EXPECT_TRUE(notes.replaced_corrupt);
   EXPECT_EQ((*opened)->header().magic, kZoneMagic);
   EXPECT_EQ((*opened)->header().rate_bytes_per_sec.load(), 7 * kRate);
   EXPECT_TRUE((*opened)->CheckHeader());

@@ -21,6 +21,7 @@
 #include "src/snapshot.h"
 #include "src/units.h"
 #include "src/zone.h"
+#include "src/zone_file.h"
 #include "tools/cli.h"
 #include "tools/format.h"
 
@@ -175,15 +176,39 @@ std::string LogInWords(const Config& config) {
   return absl::StrCat("appended to ", config.log_path);
 }
 
+// The zone: its room, where it is (or would be made) and who owns it, and
+// whether a server with this configuration could use it.
 std::string ZoneInWords(const Config& config) {
   const ZoneGeometry g = ComputeZoneGeometry(config.zone_size_bytes);
   std::string text = absl::StrFormat(
-      "%s (%s), %s: room for %u client keys, %u connections, %u processes",
-      config.zone_name, absl::StrCat("/dev/shm", ZoneShmName(config.zone_name)),
-      HumanBytes(config.zone_size_bytes), g.key_capacity, g.conn_capacity,
-      g.proc_capacity);
-  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::Attach(config.zone_name);
-  if (!zone.ok()) return absl::StrCat(text, "; not created yet");
+      "%s, %s: room for %u client keys, %u connections, %u processes",
+      config.zone_name, HumanBytes(config.zone_size_bytes), g.key_capacity,
+      g.conn_capacity, g.proc_capacity);
+  const ZonePlaces places = ZonePlaces::ForUser(geteuid());
+  ZonePlaceNotes notes;
+  absl::StatusOr<ZoneFile> file =
+      FindZoneFile(places, config.zone_name, &notes);
+  if (absl::IsNotFound(file.status())) {
+    const std::string dir = NewZoneDir(places, &notes);
+    absl::StrAppendFormat(
+        &text,
+        "; not created yet: a server started now as user %s makes it "
+        "in %s",
+        DescribeUser(places.uid), dir);
+  } else if (!file.ok()) {
+    return absl::StrCat(text, "; WARNING: ", file.status().message());
+  } else {
+    absl::StrAppendFormat(&text, "; %s, %s", file->path(),
+                          DescribeOwner(file->fd()));
+  }
+  if (const std::string line = notes.Line(config.zone_name); !line.empty()) {
+    absl::StrAppend(&text, "; ", line);
+  }
+  if (!file.ok()) return text;
+  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::AttachPath(file->path());
+  if (!zone.ok()) {
+    return absl::StrCat(text, "; WARNING: ", zone.status().message());
+  }
   const ZoneHeaderShm& h = (*zone)->header();
   if (h.zone_size != config.zone_size_bytes ||
       DescribeKeySpec((*zone)->key_spec()) != DescribeKeySpec(config.key)) {
@@ -462,12 +487,14 @@ int GcCommand(const std::vector<std::string>& raw) {
 namespace {
 
 // rm of a zone that could not be read (corrupt, or of another layout):
-// "removed <what> NAME (/dev/shm/...); <after>".
+// "removed <what> NAME (PATH); <after>".
 int UnlinkUnread(const std::string& name, const char* what, const char* after) {
-  const absl::Status removed = Zone::Unlink(name);
+  absl::StatusOr<std::string> path = Zone::Locate(name);
+  const absl::Status removed =
+      path.ok() ? Zone::UnlinkPath(*path) : path.status();
   if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
-  std::printf("removed %s %s (/dev/shm%s); %s\n", what, name.c_str(),
-              ZoneShmName(name).c_str(), after);
+  std::printf("removed %s %s (%s); %s\n", what, name.c_str(), path->c_str(),
+              after);
   return kExitOk;
 }
 
@@ -511,18 +538,18 @@ int RmCommand(const std::vector<std::string>& raw) {
       if (p.alive) pids.push_back(p.pid);
     }
   }
-  const std::string shm = absl::StrCat("/dev/shm", ZoneShmName(zone->name()));
   if (!pids.empty() && !args.Has("--force")) {
     return Failure(absl::StrFormat(
         "rm: zone %s is in use by %zu live process(es) (pid %s); stop them "
         "first, or use --force",
         zone->name(), pids.size(), absl::StrJoin(pids, ", ")));
   }
-  const absl::Status removed = Zone::Unlink(zone->name());
+  const absl::Status removed = Zone::UnlinkPath(zone->path());
   if (!removed.ok()) {
     return Failure(absl::StrCat("rm: ", removed.message()));
   }
-  std::printf("removed zone %s (%s)%s\n", zone->name().c_str(), shm.c_str(),
+  std::printf("removed zone %s (%s)%s\n", zone->name().c_str(),
+              zone->path().c_str(),
               pids.empty() ? ""
                            : absl::StrFormat("; %zu process(es) keep using it "
                                              "until they exit",
