@@ -93,6 +93,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   }
   ZoneSnapshot snap;
   snap.name = zone.name();
+  snap.path = zone.path();
   snap.size_bytes = h.zone_size;
   snap.key_spec = zone.key_spec();
   snap.key_capacity = zone.key_capacity();

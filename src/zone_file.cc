@@ -261,7 +261,13 @@ std::string DescribePath(const std::string& path) {
   const std::string owner =
       absl::StrFormat("owned by user %s, mode %04o", DescribeUser(st.st_uid),
                       st.st_mode & 07777);
-  if (S_ISLNK(st.st_mode)) return absl::StrCat("a symlink ", owner);
+  if (S_ISLNK(st.st_mode)) {
+    char target[256] = {};
+    const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+    return absl::StrFormat("a symlink%s owned by user %s",
+                           n > 0 ? absl::StrCat(" to ", target) : "",
+                           DescribeUser(st.st_uid));
+  }
   if (S_ISDIR(st.st_mode)) return absl::StrCat("a directory ", owner);
   if (S_ISREG(st.st_mode)) return absl::StrCat("a file ", owner);
   return absl::StrCat("a special file ", owner);
