@@ -856,7 +856,7 @@ int Governor::BeforePassFds(const msghdr* msg) {
         "zone %s: too many sockets passed between processes and not yet "
         "received (%u); the ones passed now are not governed by their "
         "receiver",
-        zone_->name().c_str(), kHandoffSlots);
+        zone_->name().c_str(), zone_->handoff_capacity());
   }
   return published;
 }
@@ -917,9 +917,10 @@ void Governor::ExpireHandoffs(int64_t now_ns) {
   {
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (!lock.ok()) return;  // next loop
-    uint64_t expired[kHandoffSlots];
+    // A batch per watcher loop; what is left waits for the next one.
+    uint64_t expired[kMinHandoffSlots];
     const uint32_t n =
-        zone_->ExpireHandoffsLocked(me, before, expired, kHandoffSlots);
+        zone_->ExpireHandoffsLocked(me, before, expired, kMinHandoffSlots);
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t index = static_cast<uint32_t>(expired[i] >> 32);
       const uint32_t cookie = static_cast<uint32_t>(expired[i]);

@@ -75,7 +75,11 @@ uint64_t Layout(uint32_t n, ZoneGeometry* g) {
   g->conns_offset = AlignUp(g->keys_offset + sizeof(KeySlotShm) * uint64_t{n});
   g->procs_offset =
       AlignUp(g->conns_offset + sizeof(ConnSlotShm) * uint64_t{n});
-  return g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity};
+  g->handoff_capacity = n / 8 > kMinHandoffSlots ? n / 8 : kMinHandoffSlots;
+  g->handoffs_offset = AlignUp(
+      g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity});
+  return g->handoffs_offset +
+         sizeof(HandoffSlotShm) * uint64_t{g->handoff_capacity};
 }
 
 absl::Status InitRobustMutex(pthread_mutex_t* mutex) {
@@ -133,8 +137,9 @@ uint64_t ZoneHeaderChecksum(const ZoneHeaderShm& h) {
 
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
   ZoneGeometry g;
-  const uint64_t per_unit =
-      sizeof(KeySlotShm) + sizeof(ConnSlotShm) + sizeof(ProcSlotShm) / 4 + 8;
+  const uint64_t per_unit = sizeof(KeySlotShm) + sizeof(ConnSlotShm) +
+                            sizeof(ProcSlotShm) / 4 +
+                            sizeof(HandoffSlotShm) / 8 + 8;
   uint64_t n = (size_bytes - AlignUp(sizeof(ZoneHeaderShm))) / per_unit;
   if (n > (1u << 30)) n = 1u << 30;
   while (n > 1 && Layout(static_cast<uint32_t>(n), &g) > size_bytes) --n;
@@ -163,12 +168,15 @@ Zone::Zone(std::string name, std::string path, void* base, size_t size)
       key_capacity_(header_->key_capacity),
       conn_capacity_(header_->conn_capacity),
       proc_capacity_(header_->proc_capacity),
+      handoff_capacity_(header_->handoff_capacity),
       bucket_count_(header_->bucket_count) {
   auto* bytes = static_cast<uint8_t*>(base);
   buckets_ = reinterpret_cast<uint32_t*>(bytes + header_->buckets_offset);
   keys_ = reinterpret_cast<KeySlotShm*>(bytes + header_->keys_offset);
   conns_ = reinterpret_cast<ConnSlotShm*>(bytes + header_->conns_offset);
   procs_ = reinterpret_cast<ProcSlotShm*>(bytes + header_->procs_offset);
+  handoffs_ =
+      reinterpret_cast<HandoffSlotShm*>(bytes + header_->handoffs_offset);
 }
 
 Zone::~Zone() { munmap(base_, size_); }
@@ -196,6 +204,8 @@ void InitializeZone(void* base, uint64_t size_bytes,
   h->keys_offset = g.keys_offset;
   h->conns_offset = g.conns_offset;
   h->procs_offset = g.procs_offset;
+  h->handoffs_offset = g.handoffs_offset;
+  h->handoff_capacity = g.handoff_capacity;
   if (getrandom(h->hash_seed, sizeof(h->hash_seed), 0) !=
       static_cast<ssize_t>(sizeof(h->hash_seed))) {
     // getrandom cannot fail for 16 bytes once the pool is ready; fall back to
@@ -266,7 +276,9 @@ absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& path,
       g.key_capacity != h.key_capacity || g.conn_capacity != h.conn_capacity ||
       g.proc_capacity != h.proc_capacity || g.bucket_count != h.bucket_count ||
       g.buckets_offset != h.buckets_offset || g.keys_offset != h.keys_offset ||
-      g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset) {
+      g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset ||
+      g.handoff_capacity != h.handoff_capacity ||
+      g.handoffs_offset != h.handoffs_offset) {
     return CorruptError(path, name, "inconsistent geometry");
   }
   return absl::OkStatus();
@@ -756,7 +768,21 @@ namespace {
 // sender's watcher expires its own after 2 s.
 constexpr int64_t kHandoffStaleNs = 10 * kNsPerSec;
 
-void ClearHandoff(HandoffSlotShm& slot) {
+}  // namespace
+
+void Zone::ClearHandoffLocked(uint32_t index) {
+  HandoffSlotShm& slot = handoffs_[index];
+  const uint32_t conn = slot.conn.load(std::memory_order_relaxed);
+  if (conn < conn_capacity() &&
+      conns_[conn].handoff.load(std::memory_order_relaxed) == index + 1) {
+    conns_[conn].handoff.store(0, std::memory_order_relaxed);
+  }
+  if (slot.inode.load(std::memory_order_relaxed) != 0) {
+    const uint32_t pending =
+        header_->handoffs_pending.load(std::memory_order_relaxed);
+    header_->handoffs_pending.store(pending > 0 ? pending - 1 : 0,
+                                    std::memory_order_relaxed);
+  }
   slot.inode.store(0, std::memory_order_relaxed);
   slot.conn.store(kNoSlot, std::memory_order_relaxed);
   slot.cookie.store(0, std::memory_order_relaxed);
@@ -764,16 +790,15 @@ void ClearHandoff(HandoffSlotShm& slot) {
   slot.since_ns.store(0, std::memory_order_relaxed);
 }
 
-}  // namespace
-
 bool Zone::PublishHandoffLocked(uint64_t inode, uint32_t conn, uint32_t cookie,
                                 uint32_t proc, int64_t now_ns) {
   if (inode == 0 || conn >= conn_capacity()) return false;
-  HandoffSlotShm* free_slot = nullptr;
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  uint32_t free_slot = kNoSlot;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    HandoffSlotShm& slot = handoffs_[i];
     const uint64_t held = slot.inode.load(std::memory_order_relaxed);
     if (held == inode) {  // passed again (to another process, or onward)
-      free_slot = &slot;
+      free_slot = i;
       break;
     }
     // Free, or beyond any use: no process of the zone would ever clear it
@@ -785,24 +810,37 @@ bool Zone::PublishHandoffLocked(uint64_t inode, uint32_t conn, uint32_t cookie,
         slot.proc.load(std::memory_order_relaxed) >= proc_capacity() ||
         slot.conn.load(std::memory_order_relaxed) >= conn_capacity() ||
         since > now_ns + kHandoffStaleNs || since < now_ns - kHandoffStaleNs;
-    if (stale && free_slot == nullptr) free_slot = &slot;
+    if (stale && free_slot == kNoSlot) free_slot = i;
   }
-  if (free_slot == nullptr) return false;
-  free_slot->conn.store(conn, std::memory_order_relaxed);
-  free_slot->cookie.store(cookie, std::memory_order_relaxed);
-  free_slot->proc.store(proc, std::memory_order_relaxed);
-  free_slot->since_ns.store(now_ns, std::memory_order_relaxed);
-  free_slot->inode.store(inode, std::memory_order_release);
+  if (free_slot == kNoSlot) return false;
+  ClearHandoffLocked(free_slot);
+  HandoffSlotShm& slot = handoffs_[free_slot];
+  slot.conn.store(conn, std::memory_order_relaxed);
+  slot.cookie.store(cookie, std::memory_order_relaxed);
+  slot.proc.store(proc, std::memory_order_relaxed);
+  slot.since_ns.store(now_ns, std::memory_order_relaxed);
+  // A connection passed on before it was received keeps only its newest
+  // handoff.
+  const uint32_t before = conns_[conn].handoff.load(std::memory_order_relaxed);
+  if (before != 0 && before - 1 < handoff_capacity() &&
+      before - 1 != free_slot &&
+      handoffs_[before - 1].conn.load(std::memory_order_relaxed) == conn) {
+    ClearHandoffLocked(before - 1);
+  }
+  conns_[conn].handoff.store(free_slot + 1, std::memory_order_relaxed);
+  header_->handoffs_pending.fetch_add(1, std::memory_order_relaxed);
+  slot.inode.store(inode, std::memory_order_release);
   return true;
 }
 
 uint32_t Zone::TakeHandoffLocked(uint64_t inode, uint32_t* cookie) {
   if (inode == 0) return kNoSlot;
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    HandoffSlotShm& slot = handoffs_[i];
     if (slot.inode.load(std::memory_order_relaxed) != inode) continue;
     const uint32_t conn = slot.conn.load(std::memory_order_relaxed);
     const uint32_t passed = slot.cookie.load(std::memory_order_relaxed);
-    ClearHandoff(slot);
+    ClearHandoffLocked(i);
     if (conn >= conn_capacity()) return kNoSlot;
     const uint32_t seq = conns_[conn].seq.load(std::memory_order_relaxed);
     // Ended meanwhile (reaped, or expired by its sender): nothing to take.
@@ -814,10 +852,11 @@ uint32_t Zone::TakeHandoffLocked(uint64_t inode, uint32_t* cookie) {
 }
 
 void Zone::WithdrawHandoffLocked(uint64_t inode, uint32_t proc) {
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    const HandoffSlotShm& slot = handoffs_[i];
     if (inode != 0 && slot.inode.load(std::memory_order_relaxed) == inode &&
         slot.proc.load(std::memory_order_relaxed) == proc) {
-      ClearHandoff(slot);
+      ClearHandoffLocked(i);
     }
   }
 }
@@ -829,24 +868,28 @@ bool Zone::HandoffPendingLocked(uint32_t conn, uint32_t cookie) const {
 uint32_t Zone::ExpireHandoffsLocked(uint32_t proc, int64_t before_ns,
                                     uint64_t* out, uint32_t max) {
   uint32_t n = 0;
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  for (uint32_t i = 0; i < handoff_capacity() && n < max; ++i) {
+    const HandoffSlotShm& slot = handoffs_[i];
     if (slot.inode.load(std::memory_order_relaxed) == 0 ||
         slot.proc.load(std::memory_order_relaxed) != proc ||
         slot.since_ns.load(std::memory_order_relaxed) >= before_ns) {
       continue;
     }
-    if (n < max) {
-      out[n++] = uint64_t{slot.conn.load(std::memory_order_relaxed)} << 32 |
-                 slot.cookie.load(std::memory_order_relaxed);
-    }
-    ClearHandoff(slot);
+    out[n++] = uint64_t{slot.conn.load(std::memory_order_relaxed)} << 32 |
+               slot.cookie.load(std::memory_order_relaxed);
+    ClearHandoffLocked(i);
   }
   return n;
 }
 
+bool Zone::AnyHandoffs() const {
+  return header_->handoffs_pending.load(std::memory_order_acquire) != 0;
+}
+
 bool Zone::MayHaveHandoff(uint64_t inode) const {
-  for (const HandoffSlotShm& slot : header_->handoffs) {
-    if (inode != 0 && slot.inode.load(std::memory_order_acquire) == inode) {
+  if (inode == 0 || !AnyHandoffs()) return false;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    if (handoffs_[i].inode.load(std::memory_order_acquire) == inode) {
       return true;
     }
   }
@@ -854,7 +897,9 @@ bool Zone::MayHaveHandoff(uint64_t inode) const {
 }
 
 bool Zone::HasOldHandoffs(uint32_t proc, int64_t before_ns) const {
-  for (const HandoffSlotShm& slot : header_->handoffs) {
+  if (!AnyHandoffs()) return false;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    const HandoffSlotShm& slot = handoffs_[i];
     if (slot.inode.load(std::memory_order_relaxed) != 0 &&
         slot.proc.load(std::memory_order_relaxed) == proc &&
         slot.since_ns.load(std::memory_order_relaxed) < before_ns) {
@@ -865,14 +910,13 @@ bool Zone::HasOldHandoffs(uint32_t proc, int64_t before_ns) const {
 }
 
 bool Zone::MayBeHandedOff(uint32_t conn, uint32_t cookie) const {
-  for (const HandoffSlotShm& slot : header_->handoffs) {
-    if (slot.inode.load(std::memory_order_relaxed) != 0 &&
-        slot.conn.load(std::memory_order_relaxed) == conn &&
-        slot.cookie.load(std::memory_order_relaxed) == cookie) {
-      return true;
-    }
-  }
-  return false;
+  if (conn >= conn_capacity()) return false;
+  const uint32_t h = conns_[conn].handoff.load(std::memory_order_relaxed);
+  if (h == 0 || h - 1 >= handoff_capacity()) return false;
+  const HandoffSlotShm& slot = handoffs_[h - 1];
+  return slot.inode.load(std::memory_order_relaxed) != 0 &&
+         slot.conn.load(std::memory_order_relaxed) == conn &&
+         slot.cookie.load(std::memory_order_relaxed) == cookie;
 }
 
 uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
@@ -928,9 +972,9 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
     }
   }
   // Its sockets passed and not yet received: their connections are gone.
-  for (HandoffSlotShm& slot : header_->handoffs) {
-    if (slot.proc.load(std::memory_order_relaxed) == proc_index) {
-      ClearHandoff(slot);
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    if (handoffs_[i].proc.load(std::memory_order_relaxed) == proc_index) {
+      ClearHandoffLocked(i);
     }
   }
   p.pid.store(0, std::memory_order_relaxed);
@@ -1043,6 +1087,11 @@ void Zone::RepairLocked() {
     k.next = header_->key_free_head;
     header_->key_free_head = n;
   }
+  uint32_t pending = 0;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    pending += handoffs_[i].inode.load(std::memory_order_relaxed) != 0;
+  }
+  header_->handoffs_pending.store(pending, std::memory_order_relaxed);
   header_->lock_repairs.fetch_add(1, std::memory_order_relaxed);
 }
 

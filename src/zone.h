@@ -63,10 +63,12 @@ struct ZoneGeometry {
   uint32_t key_capacity = 0;
   uint32_t conn_capacity = 0;
   uint32_t proc_capacity = 0;
+  uint32_t handoff_capacity = 0;
   uint64_t buckets_offset = 0;
   uint64_t keys_offset = 0;
   uint64_t conns_offset = 0;
   uint64_t procs_offset = 0;
+  uint64_t handoffs_offset = 0;
 };
 
 inline constexpr uint64_t kMinZoneSize = 64 * 1024;
@@ -166,6 +168,7 @@ class Zone {
   uint32_t key_capacity() const { return key_capacity_; }
   uint32_t conn_capacity() const { return conn_capacity_; }
   uint32_t proc_capacity() const { return proc_capacity_; }
+  uint32_t handoff_capacity() const { return handoff_capacity_; }
   // The TRAFFICRATE_KEY the zone's keys were built with.
   KeySpec key_spec() const;
 
@@ -173,6 +176,7 @@ class Zone {
   KeySlotShm& key(uint32_t index) const { return keys_[index]; }
   ConnSlotShm& conn(uint32_t index) const { return conns_[index]; }
   ProcSlotShm& proc(uint32_t index) const { return procs_[index]; }
+  HandoffSlotShm& handoff(uint32_t index) const { return handoffs_[index]; }
 
   // The mapping, for HeldMutex.
   const void* base() const { return base_; }
@@ -213,12 +217,15 @@ class Zone {
   void WithdrawHandoffLocked(uint64_t inode, uint32_t proc);
   // Whether connection conn (cookie) is passed and not yet received.
   bool HandoffPendingLocked(uint32_t conn, uint32_t cookie) const;
-  // Removes proc's handoffs made before before_ns; stores up to `max` of
-  // them as (conn << 32 | cookie) in out. Returns how many it stored.
+  // Removes up to `max` of proc's handoffs made before before_ns, storing
+  // each as (conn << 32 | cookie) in out (the rest stay for another call).
+  // Returns how many it removed.
   uint32_t ExpireHandoffsLocked(uint32_t proc, int64_t before_ns, uint64_t* out,
                                 uint32_t max);
-  // Lock-free peeks: whether a handoff of `inode` may be waiting; whether
+  // Lock-free peeks: whether any handoff is pending at all (a bound that
+  // skips the others); whether a handoff of `inode` may be waiting; whether
   // proc has one made before before_ns; whether conn (cookie) may be passed.
+  bool AnyHandoffs() const;
   bool MayHaveHandoff(uint64_t inode) const;
   bool HasOldHandoffs(uint32_t proc, int64_t before_ns) const;
   bool MayBeHandedOff(uint32_t conn, uint32_t cookie) const;
@@ -362,6 +369,8 @@ class Zone {
                                                    uint64_t rate_bytes_per_sec,
                                                    uint32_t key_spec);
   void UnlinkKeyLocked(uint32_t key_index);
+  // Frees handoff slot `index` (and its connection's mark of it).
+  void ClearHandoffLocked(uint32_t index);
   // Budget mode: a join or leave sets the key's level at once
   // (LevelAfterMembershipChange), before the next tick.
   void AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after);
@@ -378,11 +387,13 @@ class Zone {
   uint32_t key_capacity_;
   uint32_t conn_capacity_;
   uint32_t proc_capacity_;
+  uint32_t handoff_capacity_;
   uint32_t bucket_count_;  // a power of two
   uint32_t* buckets_;
   KeySlotShm* keys_;
   ConnSlotShm* conns_;
   ProcSlotShm* procs_;
+  HandoffSlotShm* handoffs_;
   friend class ZoneLock;
   std::atomic<bool> corrupt_{false};
   std::atomic<const char*> corrupt_why_{nullptr};

@@ -686,9 +686,9 @@ TEST_F(ZoneTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
   ASSERT_TRUE(zone->PublishHandoffLocked(10, a, 1, 0, 5000));
   EXPECT_FALSE(zone->HasOldHandoffs(0, 5000));
   EXPECT_TRUE(zone->HasOldHandoffs(0, 5001));
-  uint64_t out[kHandoffSlots];
-  EXPECT_EQ(zone->ExpireHandoffsLocked(0, 5000, out, kHandoffSlots), 0u);
-  ASSERT_EQ(zone->ExpireHandoffsLocked(0, 5001, out, kHandoffSlots), 1u);
+  uint64_t out[kMinHandoffSlots];
+  EXPECT_EQ(zone->ExpireHandoffsLocked(0, 5000, out, kMinHandoffSlots), 0u);
+  ASSERT_EQ(zone->ExpireHandoffsLocked(0, 5001, out, kMinHandoffSlots), 1u);
   EXPECT_EQ(out[0], uint64_t{a} << 32 | 1);
   EXPECT_FALSE(zone->MayHaveHandoff(10));
   EXPECT_TRUE(zone->MayHaveHandoff(11)) << "another process's stays";
@@ -697,23 +697,58 @@ TEST_F(ZoneTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
 TEST_F(ZoneTest, HandoffTableFullRefusesThenReusesStaleOrGarbageSlots) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
+  // Sized from the zone: an eighth of its connection slots.
+  EXPECT_EQ(zone->handoff_capacity(), zone->conn_capacity() / 8);
+  EXPECT_GT(zone->handoff_capacity(), kMinHandoffSlots);
   ZoneLock lock(*zone);
   ASSERT_TRUE(lock.ok());
-  const uint32_t c = RegisterLocked(*zone, 1, 0);
   const int64_t now = 100 * kNsPerSec;
-  for (uint64_t i = 0; i < kHandoffSlots; ++i) {
-    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, c, 1, 0, now));
+  std::vector<uint32_t> conns;
+  for (uint64_t i = 0; i < zone->handoff_capacity(); ++i) {
+    conns.push_back(RegisterLocked(*zone, 1, 0));
+    ASSERT_NE(conns.back(), kNoSlot);
+    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, conns.back(), 1, 0, now));
   }
+  EXPECT_EQ(zone->header().handoffs_pending.load(), zone->handoff_capacity());
+  const uint32_t c = RegisterLocked(*zone, 2, 0);
   EXPECT_FALSE(zone->PublishHandoffLocked(999, c, 1, 0, now)) << "full";
-  EXPECT_TRUE(zone->PublishHandoffLocked(100, c, 1, 0, now)) << "the same one";
+  EXPECT_TRUE(zone->PublishHandoffLocked(100, conns[0], 1, 0, now))
+      << "the same one";
   // Garbage (a slot naming no process) and a slot dated far ahead are free
   // for others; so is one left for far longer than any sender keeps it.
-  zone->header().handoffs[3].proc.store(kNoSlot);
+  zone->handoff(3).proc.store(kNoSlot);
   EXPECT_TRUE(zone->PublishHandoffLocked(999, c, 1, 0, now));
-  EXPECT_EQ(zone->header().handoffs[3].inode.load(), 999u);
-  zone->header().handoffs[4].since_ns.store(INT64_MAX);
-  EXPECT_TRUE(zone->PublishHandoffLocked(998, c, 1, 0, now));
-  EXPECT_TRUE(zone->PublishHandoffLocked(997, c, 1, 0, now + 60 * kNsPerSec));
+  EXPECT_EQ(zone->handoff(3).inode.load(), 999u);
+  EXPECT_TRUE(zone->MayBeHandedOff(c, 1));
+  EXPECT_FALSE(zone->MayBeHandedOff(conns[3], 1)) << "its slot was taken";
+  zone->handoff(4).since_ns.store(INT64_MAX);
+  const uint32_t d = RegisterLocked(*zone, 3, 0);
+  EXPECT_TRUE(zone->PublishHandoffLocked(998, d, 1, 0, now));
+  const uint32_t e = RegisterLocked(*zone, 4, 0);
+  EXPECT_TRUE(zone->PublishHandoffLocked(997, e, 1, 0, now + 60 * kNsPerSec));
+  EXPECT_EQ(zone->header().handoffs_pending.load(), zone->handoff_capacity());
+}
+
+TEST_F(ZoneTest, ExpiringHandoffsTakesABatchAndLeavesTheRest) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  EXPECT_FALSE(zone->AnyHandoffs());
+  for (uint64_t i = 0; i < 3 * kMinHandoffSlots; ++i) {
+    const uint32_t c = RegisterLocked(*zone, 1, 0);
+    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, c, 1, 0, 1000));
+  }
+  EXPECT_TRUE(zone->AnyHandoffs());
+  uint64_t out[kMinHandoffSlots];
+  for (int batch = 0; batch < 3; ++batch) {
+    EXPECT_TRUE(zone->HasOldHandoffs(0, 2000));
+    EXPECT_EQ(zone->ExpireHandoffsLocked(0, 2000, out, kMinHandoffSlots),
+              kMinHandoffSlots);
+  }
+  EXPECT_FALSE(zone->HasOldHandoffs(0, 2000));
+  EXPECT_FALSE(zone->AnyHandoffs());
+  EXPECT_EQ(zone->header().handoffs_pending.load(), 0u);
 }
 
 }  // namespace
