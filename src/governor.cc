@@ -171,11 +171,8 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
 
 Governor::~Governor() {
   StopWatcher();
-  for (const RuleTable* t = rule_table_.exchange(nullptr); t != nullptr;) {
-    const RuleTable* previous = t->previous;
-    delete t;
-    t = previous;
-  }
+  delete rule_table_.exchange(nullptr);
+  FreeRetiredRuleTables(/*force=*/true);
   ReleaseKeptDrains();
   UnmapPrivateArray(local_, zone_->conn_capacity());
   UnmapPrivateArray(key_local_, zone_->key_capacity());
@@ -260,9 +257,12 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_, rule_table_.load(std::memory_order_acquire), peer,
-                peer_len, &key, peer16, &peer_port)) {
-    return;
+  {
+    const RuleTableRead rules(*this);
+    if (!Classify(fd, options_, rules.table(), peer, peer_len, &key, peer16,
+                  &peer_port)) {
+      return;
+    }
   }
   Register(fd, *entry, key, peer16, peer_port);
 }
@@ -353,9 +353,13 @@ void Governor::RetryRegister(int fd, FdEntry& entry) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
-                nullptr, 0, &key, peer16, &peer_port))
-    return;
+  {
+    const RuleTableRead rules(*this);
+    if (!Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                  &peer_port)) {
+      return;
+    }
+  }
   Register(fd, entry, key, peer16, peer_port);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
   if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
@@ -401,7 +405,8 @@ void Governor::AfterSend(int fd, ssize_t sent) {
 }
 
 uint64_t Governor::AfterBytes(const ConnSlotShm& conn) const {
-  const RuleTable* table = rule_table_.load(std::memory_order_acquire);
+  const RuleTableRead rules(*this);
+  const RuleTable* table = rules.table();
   if (table == nullptr) return options_.after_bytes;
   if (table->max_after == 0) return 0;
   const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
@@ -417,7 +422,8 @@ bool Governor::RulesStale() const {
 }
 
 bool Governor::AnyAfter() const {
-  const RuleTable* table = rule_table_.load(std::memory_order_acquire);
+  const RuleTableRead rules(*this);
+  const RuleTable* table = rules.table();
   return table != nullptr ? table->max_after > 0 : options_.after_bytes > 0;
 }
 
@@ -467,10 +473,42 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
     table->after_by_rule[slot] = rule.after_bytes;
     table->max_after = std::max(table->max_after, rule.after_bytes);
   }
-  // The one before stays readable: see RuleTable.
-  table->previous = rule_table_.load(std::memory_order_acquire);
-  rule_table_.store(table.release(), std::memory_order_release);
+  // The one before stays readable until no call can still read it: see
+  // RuleTable.
+  const RuleTable* before =
+      rule_table_.exchange(table.release(), std::memory_order_seq_cst);
+  if (before != nullptr) {
+    before->previous = retired_rule_tables_.load(std::memory_order_relaxed);
+    while (!retired_rule_tables_.compare_exchange_weak(
+        before->previous, before, std::memory_order_acq_rel)) {
+    }
+  }
   return true;
+}
+
+void Governor::FreeRetiredRuleTables(bool force) {
+  if (retired_rule_tables_.load(std::memory_order_acquire) == nullptr ||
+      (!force && rule_readers_.load(std::memory_order_seq_cst) != 0)) {
+    return;
+  }
+  // Every read counted from now on began after these tables were replaced
+  // (the count was 0 after the exchange), so it holds a newer table.
+  for (const RuleTable* t =
+           retired_rule_tables_.exchange(nullptr, std::memory_order_acq_rel);
+       t != nullptr;) {
+    const RuleTable* previous = t->previous;
+    delete t;
+    t = previous;
+  }
+}
+
+int Governor::RetiredRuleTablesForTesting() const {
+  int n = 0;
+  for (const RuleTable* t = retired_rule_tables_.load(); t != nullptr;
+       t = t->previous) {
+    ++n;
+  }
+  return n;
 }
 
 void Governor::ReloadRules() {
@@ -558,9 +596,12 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  const bool is_conn =
-      Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
-               nullptr, 0, &key, peer16, &peer_port);
+  bool is_conn;
+  {
+    const RuleTableRead rules(*this);
+    is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                       &peer_port);
+  }
   if (!entry.state.compare_exchange_strong(state, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it
@@ -1048,6 +1089,8 @@ void Governor::AfterForkChild() {
   if (options_.agent != nullptr) options_.agent->AfterForkChild();
   pid_ = static_cast<int32_t>(getpid());
   table_->ClearPinsAfterFork();
+  // No thread of the parent survives to end its read of the rule table.
+  rule_readers_.store(0, std::memory_order_relaxed);
   // The parent's drains are the parent's to finish; the fds that keep them
   // open must not keep the sockets open for as long as the child lives.
   for (int slot = 0; slot < kDrainSlots; ++slot) {
@@ -1096,7 +1139,8 @@ void Governor::ExpireIdle(int64_t now_ns) {
   // Budget mode: the tick's visits expire the sending connections
   // (TickBudget); only TRAFFICRATE_AFTER's joins are left to this pass.
   const bool budget = BudgetWanted();
-  if (budget && !AnyAfter()) return;
+  const bool any_after = AnyAfter();
+  if (budget && !any_after) return;
   const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
   // Equal mode: a connection that cannot be idle before a known time is
@@ -1114,7 +1158,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
       continue;
     }
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
-    const uint64_t after = AnyAfter() ? AfterBytes(conn) : 0;
+    const uint64_t after = any_after ? AfterBytes(conn) : 0;
     if (after > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
@@ -1209,6 +1253,7 @@ bool Governor::CheckZone(int64_t now_ns) {
     // accepted meanwhile waited for this (RulesStale).
     rules_generation_seen_.store(rules, std::memory_order_release);
   }
+  FreeRetiredRuleTables(/*force=*/false);
   if (zone_->lock_stalled() && !zone_->RecheckLock()) {
     if (now_ns < next_zone_check_ns_) return true;
   } else {

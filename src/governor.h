@@ -80,14 +80,16 @@ struct GovernorOptions : WatcherTiming {
 // A rules file's rules as the accept path reads them, with the zone rule of
 // each (kNoRuleSlot: unlimited, or no zone rule was free) and each zone
 // rule's after. Immutable once published; a reload publishes another and
-// keeps the one before (an accept may still read it), a few KB each, until
-// the Governor is destroyed (tests; the library never destroys it).
+// retires the one before, which the watcher frees once no call is reading
+// a table (Governor::RuleTableRead): a server reloaded in a loop keeps at
+// most the tables that calls in flight still read.
 struct RuleTable {
   std::vector<Rule> rules;
   std::vector<uint32_t> slots;
   uint64_t after_by_rule[kZoneRules] = {};
   uint64_t max_after = 0;
-  const RuleTable* previous = nullptr;
+  // The next older retired table (Governor::retired_rule_tables_).
+  mutable const RuleTable* previous = nullptr;
 };
 
 class Governor {
@@ -190,6 +192,8 @@ class Governor {
   // `trafficrate reload`: reads the file again; on error logs and keeps the
   // rules in force.
   void ReloadRules();
+  // Rule tables replaced by reloads and not freed yet (tests).
+  int RetiredRuleTablesForTesting() const;
   // Whether some rule sends its first bytes unpaced (TRAFFICRATE_AFTER).
   bool AnyAfter() const;
   // A rules file is in use and `trafficrate reload` asked for it to be read
@@ -414,6 +418,31 @@ class Governor {
   // The watcher's once-a-second look at the zone (CheckZone).
   int64_t next_zone_check_ns_ = 0;
   std::atomic<const RuleTable*> rule_table_{nullptr};
+  // Calls reading rule_table_ now (RuleTableRead), and the tables reloads
+  // replaced, freed by the watcher once that count is 0 (seq_cst on both
+  // sides: a read that begins after the count was seen 0 holds the newest).
+  mutable std::atomic<int> rule_readers_{0};
+  std::atomic<const RuleTable*> retired_rule_tables_{nullptr};
+  class RuleTableRead {
+   public:
+    explicit RuleTableRead(const Governor& governor) : governor_(governor) {
+      governor_.rule_readers_.fetch_add(1, std::memory_order_seq_cst);
+      table_ = governor_.rule_table_.load(std::memory_order_seq_cst);
+    }
+    ~RuleTableRead() {
+      governor_.rule_readers_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    RuleTableRead(const RuleTableRead&) = delete;
+    RuleTableRead& operator=(const RuleTableRead&) = delete;
+    const RuleTable* table() const { return table_; }
+
+   private:
+    const Governor& governor_;
+    const RuleTable* table_;
+  };
+  // Frees the retired tables if no call reads a table now (or, with force,
+  // at destruction). Watcher (or destructor) only.
+  void FreeRetiredRuleTables(bool force);
   // The zone's rules_generation the rule table answers to (the watcher
   // moves it after each reload); while it lags, accepted connections wait
   // for the reload (RulesStale).
