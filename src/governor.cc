@@ -251,7 +251,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
     // if this process has none yet); the connection is classified under
     // the new rules at its first send after that.
     EnsureProc();
-    MarkPending(fd, *entry);
+    MarkPending(fd, *entry, nullptr);
     return;
   }
   ConnKey key;
@@ -268,14 +268,15 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
 }
 
 void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
-                        const uint8_t peer16[16], uint16_t peer_port) {
+                        const uint8_t peer16[16], uint16_t peer_port,
+                        uint64_t expected) {
   if (zone_->corrupt()) return;
   const uint32_t proc = EnsureProc();
   if (proc == kNoSlot) {
-    // The watcher is still starting (it waits for the zone lock): the
-    // connection's next send tries again. If it failed for good, the
-    // process passes through.
-    if (watcher_.starting()) MarkPending(fd, entry);
+    // The watcher is still starting (it waits for the zone lock): it
+    // registers the connection once it runs (RegisterPending). If it
+    // failed for good, the process passes through.
+    if (watcher_.starting()) MarkPending(fd, entry, &key);
     return;
   }
   const int64_t now = MonotonicNowNs();
@@ -284,7 +285,7 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   {
     ZoneLock lock(*zone_);
     if (!lock.ok()) {
-      MarkPending(fd, entry);
+      MarkPending(fd, entry, &key);
       return;
     }
     const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
@@ -308,11 +309,11 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
     }
     return;
   }
-  Adopt(fd, entry, conn, cookie, now);
+  Adopt(fd, entry, conn, cookie, now, expected);
 }
 
-void Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-                     int64_t now) {
+bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
+                     int64_t now, uint64_t expected) {
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
   entry.visit_tick.store(0, std::memory_order_relaxed);
@@ -327,14 +328,76 @@ void Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
   local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
   local_[conn].slow.store(false, std::memory_order_relaxed);
-  entry.state.store(PackState(conn, cookie), std::memory_order_release);
+  if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
+                                           std::memory_order_acq_rel)) {
+    // Closed meanwhile (RegisterPending, from the watcher): the
+    // registration ends with it.
+    Release(PackState(conn, cookie));
+    return false;
+  }
   table_->NoteTracked(fd);
+  return true;
 }
 
-void Governor::MarkPending(int fd, FdEntry& entry) {
-  if (!zone_->corrupt()) {
-    entry.state.store(kRegisterPending, std::memory_order_release);
-    table_->NoteTracked(fd);
+void Governor::MarkPending(int fd, FdEntry& entry, const ConnKey* key) {
+  if (zone_->corrupt()) return;
+  if (key != nullptr) {
+    // Until it is registered, at most its rule's rate: never unpaced, never
+    // more than the key may have (its siblings are paced already).
+    uint64_t rate = zone_->RuleRate(Zone::RuleOfKeyBytes(key->bytes));
+    if (rate == 0) rate = zone_->RuleRate(0);
+    if (rate != 0) {
+      setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate));
+    }
+  }
+  entry.state.store(kRegisterPending, std::memory_order_release);
+  table_->NoteTracked(fd);
+  pending_maybe_.store(true, std::memory_order_release);
+}
+
+void Governor::RegisterPending() {
+  if (!pending_maybe_.load(std::memory_order_acquire) ||
+      zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
+      RulesStale()) {
+    return;
+  }
+  pending_maybe_.store(false, std::memory_order_release);
+  const int high_water = table_->high_water();
+  for (int fd = 0; fd < high_water; ++fd) {
+    FdEntry& entry = *table_->Get(fd);
+    if (entry.state.load(std::memory_order_acquire) != kRegisterPending) {
+      continue;
+    }
+    // Pinned, so that the host's close waits for us (it clears the state
+    // first: Adopt's exchange then fails, and the registration ends).
+    if (!FdTable::TryPin(entry, kRegisterPending, /*wait=*/false)) {
+      pending_maybe_.store(true, std::memory_order_release);
+      continue;
+    }
+    ConnKey key;
+    uint8_t peer16[16];
+    uint16_t peer_port = 0;
+    bool is_conn;
+    {
+      const RuleTableRead rules(*this);
+      is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                         &peer_port);
+    }
+    uint64_t state = kRegisterPending;
+    if (!is_conn) {
+      entry.state.compare_exchange_strong(state, 0, std::memory_order_acq_rel);
+    } else {
+      Register(fd, entry, key, peer16, peer_port, kRegisterPending);
+      state = entry.state.load(std::memory_order_acquire);
+    }
+    FdTable::Unpin(entry);
+    if (state == kRegisterPending) {
+      pending_maybe_.store(true, std::memory_order_release);  // next loop
+    } else if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
+      // It was sending all along: it joins now, not at its next send,
+      // which a full socket may put off for seconds.
+      JoinSlow(fd, entry, state);
+    }
   }
 }
 
@@ -935,8 +998,8 @@ void Governor::ReceiveFd(int fd) {
   {
     ZoneLock lock(*zone_);
     if (!lock.ok()) {
-      // Registered afresh at its next send; the sender's handoff expires.
-      MarkPending(fd, *entry);
+      // Registered afresh by the watcher; the sender's handoff expires.
+      MarkPending(fd, *entry, nullptr);
       return;
     }
     conn = zone_->TakeHandoffLocked(inode, &cookie);
@@ -944,7 +1007,7 @@ void Governor::ReceiveFd(int fd) {
     // the sender's) ends the registration.
     if (conn != kNoSlot) zone_->TransferConnLocked(conn, me, fd);
   }
-  if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs());
+  if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs(), 0);
 }
 
 void Governor::ExpireHandoffs(int64_t now_ns) {
@@ -1091,6 +1154,8 @@ void Governor::AfterForkChild() {
   table_->ClearPinsAfterFork();
   // No thread of the parent survives to end its read of the rule table.
   rule_readers_.store(0, std::memory_order_relaxed);
+  // Registrations the parent had pending are this process's to make too.
+  pending_maybe_.store(true, std::memory_order_relaxed);
   // The parent's drains are the parent's to finish; the fds that keep them
   // open must not keep the sockets open for as long as the child lives.
   for (int slot = 0; slot < kDrainSlots; ++slot) {
@@ -1259,6 +1324,7 @@ bool Governor::CheckZone(int64_t now_ns) {
   } else {
     stalled_checks_ = 0;
     FinishDeferredReleases();
+    RegisterPending();
     ExpireHandoffs(now_ns);
     if (now_ns < next_zone_check_ns_) return true;
   }
@@ -1319,10 +1385,8 @@ void Governor::PassThroughAll() {
     // Pinned, so that the host cannot close the fd meanwhile (a close
     // clears the state first, then waits for the pin).
     if (!FdTable::TryPin(entry, state, /*wait=*/true)) continue;
-    if (state != kRegisterPending) {
-      setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
-                 sizeof(kUnpaced));
-    }
+    // A pending one too: it was paced at its rule's rate (MarkPending).
+    setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced, sizeof(kUnpaced));
     uint64_t expected = state;
     entry.state.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
     FdTable::Unpin(entry);

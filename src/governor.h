@@ -231,15 +231,26 @@ class Governor {
   int64_t LastSendNs(int fd) const;
 
  private:
+  // Registers fd's connection; its fd entry must still hold `expected`
+  // then (0, or kRegisterPending from RegisterPending), else the
+  // registration ends at once (the fd was closed meanwhile).
   void Register(int fd, FdEntry& entry, const ConnKey& key,
-                const uint8_t peer16[16], uint16_t peer_port);
+                const uint8_t peer16[16], uint16_t peer_port,
+                uint64_t expected = 0);
   // A registration that could not be made (zone lock stalled, watcher not
-  // started yet): the fd's next send retries it (RetryRegister).
-  void MarkPending(int fd, FdEntry& entry);
+  // started yet, rules being reloaded): the watcher makes it as soon as it
+  // can (RegisterPending), or the fd's next send (RetryRegister). With its
+  // key known, the socket is paced at its rule's rate meanwhile.
+  void MarkPending(int fd, FdEntry& entry, const ConnKey* key);
+  // The watcher, once the zone lock is free: registers and joins the
+  // connections marked pending, without waiting for their next send.
+  void RegisterPending();
   // Makes fd an fd of this process on connection conn (cookie), whose
-  // registration this process owns now (Register, OnReceivedFds).
-  void Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-             int64_t now_ns);
+  // registration this process owns now (Register, OnReceivedFds), if fd's
+  // entry still holds `expected`; else ends the registration and returns
+  // false.
+  bool Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
+             int64_t now_ns, uint64_t expected);
   // One received fd (OnReceivedFds).
   void ReceiveFd(int fd);
   void RetryRegister(int fd, FdEntry& entry);
@@ -418,6 +429,8 @@ class Governor {
   // The watcher's once-a-second look at the zone (CheckZone).
   int64_t next_zone_check_ns_ = 0;
   std::atomic<const RuleTable*> rule_table_{nullptr};
+  // Some fd may be kRegisterPending (MarkPending): RegisterPending looks.
+  std::atomic<bool> pending_maybe_{false};
   // Calls reading rule_table_ now (RuleTableRead), and the tables reloads
   // replaced, freed by the watcher once that count is 0 (seq_cst on both
   // sides: a read that begins after the count was seen 0 holds the newest).
