@@ -326,6 +326,7 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   local_[conn].idle_queued.store(0, std::memory_order_relaxed);
   local_[conn].idle_queued_ns.store(0, std::memory_order_relaxed);
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
+  local_[conn].kernel_base.store(kNoKernelBase, std::memory_order_relaxed);
   local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
   local_[conn].slow.store(false, std::memory_order_relaxed);
   if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
@@ -574,12 +575,16 @@ int Governor::RetiredRuleTablesForTesting() const {
   return n;
 }
 
-void Governor::ReloadRules() {
+ReloadStatus Governor::ReloadRules(int* err) {
+  *err = 0;
   absl::StatusOr<RulesFile> file = ReadRulesFile(options_.rules_path);
   if (!file.ok()) {
     logger_->Error("reload: %s; the rules in force stay",
                    std::string(file.status().message()).c_str());
-    return;
+    const absl::Status& status = file.status();
+    if (absl::IsPermissionDenied(status)) *err = EACCES;
+    if (absl::IsNotFound(status)) *err = ENOENT;
+    return *err != 0 ? kReloadUnreadable : kReloadInvalid;
   }
   for (const std::string& line : ShadowedRules(*file)) {
     logger_->Warning("reload: %s: %s", options_.rules_path.c_str(),
@@ -589,11 +594,12 @@ void Governor::ReloadRules() {
     logger_->Warning(
         "reload: the zone lock stayed busy; the rules in force stay (run "
         "trafficrate reload again)");
-    return;
+    return kReloadBusy;
   }
   logger_->Notice(
       "reload: %zu rule(s) from %s, for the connections accepted from now on",
       file->rules.size(), options_.rules_path.c_str());
+  return kReloadOk;
 }
 
 bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
@@ -1313,10 +1319,21 @@ bool Governor::CheckZone(int64_t now_ns) {
   if (const uint32_t rules =
           zone_->header().rules_generation.load(std::memory_order_acquire);
       rules != rules_generation_seen_.load(std::memory_order_relaxed)) {
-    if (!options_.rules_path.empty()) ReloadRules();
+    int err = 0;
+    const ReloadStatus status =
+        options_.rules_path.empty() ? kReloadNoFile : ReloadRules(&err);
     // After the new table is published (or the old one kept): connections
     // accepted meanwhile waited for this (RulesStale).
     rules_generation_seen_.store(rules, std::memory_order_release);
+    // What `trafficrate reload` waits for.
+    if (const uint32_t me = watcher_.proc_index();
+        me < zone_->proc_capacity()) {
+      ProcSlotShm& slot = zone_->proc(me);
+      slot.rules_errno.store(static_cast<uint16_t>(err),
+                             std::memory_order_relaxed);
+      slot.rules_status.store(status, std::memory_order_relaxed);
+      slot.rules_seen.store(rules, std::memory_order_release);
+    }
   }
   FreeRetiredRuleTables(/*force=*/false);
   if (zone_->lock_stalled() && !zone_->RecheckLock()) {

@@ -190,8 +190,9 @@ class Governor {
   // could not be had (the rules in force stay). Watcher or init only.
   bool InstallRules(const std::vector<Rule>& rules, bool at_start);
   // `trafficrate reload`: reads the file again; on error logs and keeps the
-  // rules in force.
-  void ReloadRules();
+  // rules in force. Returns how it went (*err: the errno of a file it could
+  // not read).
+  ReloadStatus ReloadRules(int* err);
   // Rule tables replaced by reloads and not freed yet (tests).
   int RetiredRuleTablesForTesting() const;
   // Whether some rule sends its first bytes unpaced (TRAFFICRATE_AFTER).
@@ -362,6 +363,9 @@ class Governor {
     std::atomic<int64_t> idle_queued_ns;
     // Budget mode: when the watcher last applied a level to it.
     std::atomic<int64_t> applied_ns;
+    // Budget mode: what the kernel had sent of its socket before this
+    // registration (MeasureConn; kNoKernelBase until its first measurement).
+    std::atomic<uint64_t> kernel_base;
     // Budget mode: whether it sends less than its pacing allows, judged over
     // an interval that began at slow_since_ns (0: none begun) with
     // slow_since_left bytes left, in which its pacing allowed slow_allowed
@@ -385,6 +389,7 @@ class Governor {
                 uint32_t packet_bytes, int64_t now_ns) const;
   // Between measurements: adds what probably left conn's socket since.
   void EstimateConn(const LocalConn& local, ConnSlotShm& conn, int64_t now_ns);
+  static constexpr uint64_t kNoKernelBase = ~uint64_t{0};
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
   // Budget mode, this process's view of each key: the tick in which it
   // last tried to decide it, and the largest packet its connections of the

@@ -937,6 +937,10 @@ uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
     p.watcher_cpu.store(0, std::memory_order_relaxed);
     p.watcher_stretch.store(0, std::memory_order_relaxed);
     p.started_ns = now_ns;
+    p.uid.store(static_cast<uint32_t>(geteuid()), std::memory_order_relaxed);
+    p.rules_seen.store(0, std::memory_order_relaxed);
+    p.rules_status.store(kReloadNone, std::memory_order_relaxed);
+    p.rules_errno.store(0, std::memory_order_relaxed);
     p.state.store(kProcLive, std::memory_order_release);
     if (header_->procs_high_water.load(std::memory_order_relaxed) <= i) {
       header_->procs_high_water.store(i + 1, std::memory_order_release);

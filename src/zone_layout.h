@@ -178,6 +178,16 @@ struct ClusterShm {
 
 enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
 
+// How a process took the last `trafficrate reload` (ProcSlotShm).
+enum ReloadStatus : uint16_t {
+  kReloadNone = 0,        // none handled yet
+  kReloadOk = 1,          // read and installed
+  kReloadNoFile = 2,      // it has no rules file (TRAFFICRATE_CONFIG unset)
+  kReloadUnreadable = 3,  // it could not read it (rules_errno says why)
+  kReloadInvalid = 4,     // the file is not a valid rules file
+  kReloadBusy = 5,        // the zone lock stayed busy
+};
+
 struct ProcSlotShm {
   pthread_mutex_t liveness;     // robust; held by the owner's watcher
   std::atomic<uint32_t> state;  // ProcState
@@ -190,6 +200,15 @@ struct ProcSlotShm {
   std::atomic<uint16_t> watcher_cpu;
   std::atomic<uint16_t> watcher_stretch;
   int64_t started_ns;  // CLOCK_MONOTONIC
+  // The effective uid the process runs as (who may read its rules file).
+  std::atomic<uint32_t> uid;
+  // The last rules_generation its watcher handled, and how (ReloadStatus,
+  // with the errno of a file it could not read): `trafficrate reload`
+  // waits for them and says what each process did.
+  std::atomic<uint32_t> rules_seen;
+  std::atomic<uint16_t> rules_status;
+  std::atomic<uint16_t> rules_errno;
+  uint32_t reserved;
 };
 
 struct ZoneHeaderShm {
@@ -263,7 +282,7 @@ static_assert(std::is_standard_layout_v<KeySlotShm> &&
 static_assert(std::is_standard_layout_v<ConnSlotShm> &&
               sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&
-              sizeof(ProcSlotShm) == 64);
+              sizeof(ProcSlotShm) == 80);
 static_assert(std::is_standard_layout_v<HandoffSlotShm> &&
               sizeof(HandoffSlotShm) == 32);
 static_assert(std::is_standard_layout_v<RuleSlotShm> &&

@@ -172,7 +172,7 @@ TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
 }
 
 TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ProcSlotShm), 64u);
+  EXPECT_EQ(sizeof(ProcSlotShm), 80u);
   EXPECT_EQ(alignof(ProcSlotShm), 8u);
   EXPECT_EQ(offsetof(ProcSlotShm, liveness), 0u);
   EXPECT_EQ(offsetof(ProcSlotShm, state), 40u);
@@ -181,6 +181,17 @@ TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ProcSlotShm, watcher_cpu), 52u);
   EXPECT_EQ(offsetof(ProcSlotShm, watcher_stretch), 54u);
   EXPECT_EQ(offsetof(ProcSlotShm, started_ns), 56u);
+  EXPECT_EQ(offsetof(ProcSlotShm, uid), 64u);
+  EXPECT_EQ(offsetof(ProcSlotShm, rules_seen), 68u);
+  EXPECT_EQ(offsetof(ProcSlotShm, rules_status), 72u);
+  EXPECT_EQ(offsetof(ProcSlotShm, rules_errno), 74u);
+  EXPECT_EQ(offsetof(ProcSlotShm, reserved), 76u);
+  EXPECT_EQ(kReloadNone, 0u);
+  EXPECT_EQ(kReloadOk, 1u);
+  EXPECT_EQ(kReloadNoFile, 2u);
+  EXPECT_EQ(kReloadUnreadable, 3u);
+  EXPECT_EQ(kReloadInvalid, 4u);
+  EXPECT_EQ(kReloadBusy, 5u);
 }
 
 TEST(ZoneLayoutTest, SlotTypesAreTriviallyCopyableStandardLayout) {
@@ -333,6 +344,10 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, watcher_cpu);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, watcher_stretch);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, started_ns);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, uid);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_seen);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_status);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_errno);
   return fp.value();
 }
 
@@ -354,9 +369,9 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {7, 0xcb5af2b0618510c5ULL},  // header handoffs (passed sockets)
       {8,
        0x65408ca54945c10aULL},  // header rules, rules_generation (rules file)
-      {9, 0xcbeea5b6051cc8dbULL},   // header cluster, key cluster share (fleet)
-      {10, 0x76c5f2ab78c95a88ULL},  // handoffs sized from the zone, conn
-                                    // handoff mark
+      {9, 0xcbeea5b6051cc8dbULL},  // header cluster, key cluster share (fleet)
+      {10,
+       0xd5e7103c786eca9eULL},  // zone files, handoffs sized, reload answers
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -441,10 +456,10 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 3792u);
-  EXPECT_EQ(g.conn_capacity, 3792u);
-  EXPECT_EQ(g.proc_capacity, 948u);
-  EXPECT_EQ(g.handoff_capacity, 474u);
+  EXPECT_EQ(g.key_capacity, 3738u);
+  EXPECT_EQ(g.conn_capacity, 3738u);
+  EXPECT_EQ(g.proc_capacity, 934u);
+  EXPECT_EQ(g.handoff_capacity, 467u);
   EXPECT_EQ(g.bucket_count, 4096u);
   EXPECT_EQ(g.buckets_offset, 1728u);
   EXPECT_EQ(g.keys_offset, 18112u);
@@ -452,9 +467,9 @@ TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 231u);
-  EXPECT_EQ(g.conn_capacity, 231u);
-  EXPECT_EQ(g.proc_capacity, 57u);
+  EXPECT_EQ(g.key_capacity, 227u);
+  EXPECT_EQ(g.conn_capacity, 227u);
+  EXPECT_EQ(g.proc_capacity, 56u);
   EXPECT_EQ(g.handoff_capacity, kMinHandoffSlots);
   EXPECT_EQ(g.bucket_count, 256u);
 }

@@ -264,8 +264,12 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "each accepts from then on follow the new rules; existing "
         "connections keep their rule, whose rate the file may change. A rule "
         "keeps its place by name; a new one takes a free one of the zone's "
-        "16. A process that cannot read the file logs one line and keeps the "
-        "rules in force."},
+        "16. It waits (up to 2 s) for every process to answer and says how "
+        "many read the file; a process that could not (a file its user may "
+        "not read: workers run as another user than the master that read it "
+        "at start-up; an invalid file; no rules file at all) keeps the rules "
+        "in force, is named with its user and why on stderr, and the "
+        "command exits 1, as it does when the zone has no live process."},
        {{"--zone", "NAME|PATH", kZoneOptionText},
         {"--config", "FILE",
          "check FILE first (it should be the servers' file) and reload only "

@@ -257,3 +257,63 @@ def test_a_full_dev_shm_leaves_nginx_serving_with_one_line_and_no_half_zone(
                 check.stdout, check.stdout
     finally:
         ns.close()
+
+
+CGI_SCRIPT = """#!/bin/sh
+printf 'Content-Type: application/octet-stream\\r\\n\\r\\n'
+exec cat %s
+"""
+
+
+def cgi_server(factory, webroot, workdir, env):
+    """Python's http.server --cgi run by root: for each request it forks a
+    child that switches to nobody and execs the script with the client's
+    socket as stdout, so the body is sent by a process that cannot reach
+    root's zone."""
+    root = workdir / ("cgi-%d" % len(factory.servers))
+    (root / "cgi-bin").mkdir(parents=True)
+    script = root / "cgi-bin" / "big.sh"
+    script.write_text(CGI_SCRIPT % (webroot / harness.BIG_FILE.lstrip("/")))
+    script.chmod(0o755)
+    (root / harness.SMALL_FILE.lstrip("/")).write_bytes(
+        (webroot / harness.SMALL_FILE.lstrip("/")).read_bytes())
+    for path in (workdir, root, root / "cgi-bin"):
+        path.chmod(0o755)
+    server = harness.Server(workdir, env=env)
+    server.name = server.title = "python http.server --cgi"
+    server.argv = [harness.PYTHON, "-m", "http.server", "--cgi", "--bind",
+                   harness.SERVER_HOST, "--directory", str(root), str(server.port)]
+    factory.servers.append(server)
+    return server.start()
+
+
+@pytest.mark.parametrize("share", ["equal", "budget"])
+def test_cgi_children_that_cannot_reach_the_zone_hold_the_clients_rate(
+        servers, webroot, workdir, lib_env, share):
+    """3 CGI downloads of one client, each body sent by a child running as
+    nobody (which cannot open root's zone): the client's total stays within
+    5% of the rate. The parent owns each connection's registration; its
+    socket's queue (equal) and what left it by the kernel's count (budget),
+    not the parent's own sends, say it is still sending and how much."""
+    server = cgi_server(servers, webroot, workdir, lib_env(RATE, SHARE=share))
+    dset = harness.DownloadSet(server.port, ["127.0.0.2"] * 3,
+                               path="/cgi-bin/big.sh",
+                               duration=WARMUP_S + WINDOW_S + 2.0)
+    # The body is cat's output: no Content-Length, it ends with the child.
+    harness.register_content("/cgi-bin/big.sh", harness.BIG_CONTENT)
+    dset.start()
+    try:
+        started = dset.wait_started(10.0)
+        assert started, dset.errors()
+        t0 = started + WARMUP_S
+        time.sleep(max(0.0, t0 + WINDOW_S + 0.1 - time.monotonic()))
+        m = dset.measure(t0, t0 + WINDOW_S, TARGET)
+    finally:
+        dset.stop()
+        dset.join(5.0)
+    report = "%s (share %s)\n%s\n%s" % (server.title, share, m.report(),
+                                        server.describe())
+    print("\n" + report)
+    assert not dset.errors(), report
+    assert m.source_rate("127.0.0.2") <= 1.05 * TARGET, report
+    assert m.source_rate("127.0.0.2") >= 0.85 * TARGET, report
