@@ -188,7 +188,12 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "variables already set are kept unless an option overrides them. A "
         "rate (or a rules file, --config) is required; the configuration is "
         "checked with the library's own parser first, and a rules file with "
-        "a rule that can never match is refused."},
+        "a rule that can never match is refused.",
+        "COMMAND is found as execvp finds it (PATH) and looked at first: a "
+        "Go program (it makes its system calls itself), a statically linked "
+        "one or one of another machine cannot be paced, and run says so in "
+        "one line on stderr, then runs it all the same (a launcher may start "
+        "programs that can be paced); see `trafficrate help limits`."},
        {},
        {"trafficrate run --rate 500k -- nginx -g 'daemon off;'",
         "trafficrate run --rate 1m --ports 80,443 -- apache2ctl -D FOREGROUND",
@@ -196,18 +201,25 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "server.js"}},
       {"check",
        "validate a configuration and print what it means",
-       "[OPTIONS]",
+       "[OPTIONS] [-- COMMAND [ARGS...]]",
        {"Validates the configuration a server would get (the TRAFFICRATE_* "
         "variables of this environment, overridden by the options, which are "
         "those of run) and prints what it means; with a rules file "
         "(--config), its rules in the order the library applies them. Exits "
         "1 with the library's own message if it is invalid, or with a "
         "warning naming both rules if a rule can never match (an earlier "
-        "one takes every connection it would)."},
+        "one takes every connection it would).",
+        "Given the command run would be given (after --), it also looks at "
+        "the program, as run does, and exits 1 with one line if it cannot "
+        "be found or executed, or cannot be paced (a Go program, a "
+        "statically linked one, one of another machine): a check to make "
+        "before starting a server. A script is not looked into: what it "
+        "starts gets the library."},
        {},
        {"trafficrate check --rate 500k --key peer/24,64 --after 1m",
         "TRAFFICRATE_RATE=500k trafficrate check",
-        "trafficrate check --config /etc/trafficrate/rules.conf"}},
+        "trafficrate check --config /etc/trafficrate/rules.conf",
+        "trafficrate check --rate 500k -- nginx -g 'daemon off;'"}},
       {"stat",
        "show a zone's clients, connections, shares and bytes",
        "[--zone NAME] [--json | --prometheus] [--top N] [--sort active|bytes]",
