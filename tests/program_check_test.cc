@@ -88,20 +88,26 @@ TEST_F(ProgramCheckTest, DefaultPathAndCurrentDirectory) {
 }
 
 TEST_F(ProgramCheckTest, OneLineForAProgramThatCannotBePaced) {
-  const std::string line = NotPacedLine(TRAFFICRATE_FAKE_GO);
+  const std::string line = NotPacedLine(TRAFFICRATE_FAKE_GO, false);
   EXPECT_EQ(line, absl::StrCat(TRAFFICRATE_FAKE_GO,
                                " is a Go program: it makes its system calls "
                                "itself, so trafficrate cannot pace its "
                                "connections (",
                                kBypassHelp, ")"));
+  // Dynamically linked, it loads the library, which says the same on the
+  // same stderr.
+  EXPECT_EQ(NotPacedLine(TRAFFICRATE_FAKE_GO, true), "");
   if (std::strlen(TRAFFICRATE_STATIC_HELLO) != 0) {
-    EXPECT_THAT(NotPacedLine(TRAFFICRATE_STATIC_HELLO),
-                HasSubstr(" is statically linked: the library cannot be "
-                          "loaded into it, so trafficrate cannot pace"));
+    for (bool library_logs_to_stderr : {false, true}) {
+      EXPECT_THAT(
+          NotPacedLine(TRAFFICRATE_STATIC_HELLO, library_logs_to_stderr),
+          HasSubstr(" is statically linked: the library cannot be "
+                    "loaded into it, so trafficrate cannot pace"));
+    }
   }
-  EXPECT_EQ(NotPacedLine("/bin/true"), "");
-  EXPECT_EQ(NotPacedLine(Write("script", 0755)), "");
-  EXPECT_EQ(NotPacedLine("nosuchprog-program-check-test"), "");
+  EXPECT_EQ(NotPacedLine("/bin/true", false), "");
+  EXPECT_EQ(NotPacedLine(Write("script", 0755), false), "");
+  EXPECT_EQ(NotPacedLine("nosuchprog-program-check-test", false), "");
 }
 
 TEST_F(ProgramCheckTest, CheckDescribesTheProgram) {

@@ -133,7 +133,9 @@ int RunCommand(const std::vector<std::string>& raw) {
                                 : library;
   setenv("LD_PRELOAD", value.c_str(), 1);
   // It still runs: a launcher may start a program the library can pace.
-  if (const std::string line = NotPacedLine(args.command[0]); !line.empty()) {
+  if (const std::string line =
+          NotPacedLine(args.command[0], config->log == LogTarget::kStderr);
+      !line.empty()) {
     std::fprintf(stderr, "trafficrate: %s\n", line.c_str());
   }
   std::vector<char*> argv;

@@ -42,13 +42,17 @@ absl::StatusOr<std::string> FindProgram(const std::string& name,
   return absl::NotFoundError(absl::StrCat("cannot find ", name, " in PATH"));
 }
 
-std::string NotPacedLine(const std::string& name) {
+std::string NotPacedLine(const std::string& name, bool library_logs_to_stderr) {
   absl::StatusOr<std::string> path = FindProgram(name, getenv("PATH"));
   if (!path.ok()) return "";
   absl::StatusOr<ProgramInfo> info = InspectProgram(*path);
   if (!info.ok()) return "";
   const char* why = WhyNotPaced(*info);
-  return why == nullptr ? "" : Line(*path, why);
+  if (why == nullptr ||
+      (library_logs_to_stderr && info->kind == ProgramKind::kDynamic)) {
+    return "";
+  }
+  return Line(*path, why);
 }
 
 std::string DescribeProgram(const std::string& name, std::string* out) {

@@ -24,8 +24,11 @@ ABSL_MUST_USE_RESULT absl::StatusOr<std::string> FindProgram(
 
 // The line (without "trafficrate: ") saying that `name`, found through
 // $PATH, will not be paced and where to read what to do; "" when nothing
-// known stands in the way, or it cannot be found or read.
-std::string NotPacedLine(const std::string& name);
+// known stands in the way, or it cannot be found or read, or when the
+// library will say it on the same stderr: a dynamically linked Go program
+// loads the library, which logs the same line (with its pid) at start-up,
+// so with `library_logs_to_stderr` run leaves that one to it.
+std::string NotPacedLine(const std::string& name, bool library_logs_to_stderr);
 
 // What `check -- COMMAND` says of the program: appends its line to the
 // configuration (`out`, "  program ..."), and returns the line for stderr
