@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -159,20 +160,23 @@ std::vector<uint64_t> OwnedSockets(const std::vector<uint64_t>& inodes,
                                    size_t limit) {
   std::vector<uint64_t> owned;
   if (inodes.empty() || limit == 0) return owned;
+  // The fd numbers from /proc/self/fd (many per getdents), the inode of
+  // each from fstat: several times cheaper than reading each link.
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) return owned;
   const int dir_fd = dirfd(dir);
   while (owned.size() < limit) {
     const dirent* entry = readdir(dir);
     if (entry == nullptr) break;
-    if (entry->d_name[0] == '.') continue;
-    char link[64];
-    const ssize_t n = readlinkat(dir_fd, entry->d_name, link, sizeof(link) - 1);
-    if (n <= 8 || std::memcmp(link, "socket:[", 8) != 0) continue;
-    link[n] = '\0';
-    const uint64_t inode = std::strtoull(link + 8, nullptr, 10);
-    if (std::binary_search(inodes.begin(), inodes.end(), inode)) {
-      owned.push_back(inode);
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    struct stat st {};
+    if (end == entry->d_name || *end != '\0' || fd == dir_fd ||
+        fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+      continue;
+    }
+    if (std::binary_search(inodes.begin(), inodes.end(), st.st_ino)) {
+      owned.push_back(st.st_ino);
     }
   }
   closedir(dir);
@@ -186,7 +190,8 @@ ListenWatch::ListenWatch(const Logger* logger, const ListenWatchTiming& timing,
 
 void ListenWatch::OnListen(int fd) {
   if (accepted_.load(std::memory_order_relaxed) ||
-      state_.load(std::memory_order_relaxed) >= kDone) {
+      state_.load(std::memory_order_relaxed) >= kDone ||
+      listeners_.load(std::memory_order_relaxed) >= kMaxListeners) {
     return;
   }
   sockaddr_storage local{};
@@ -212,7 +217,6 @@ void ListenWatch::OnListen(int fd) {
     addr.any = IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr);
     std::memcpy(addr.addr, &in6->sin6_addr, 16);
   }
-  if (listeners_.load(std::memory_order_relaxed) >= kMaxListeners) return;
   const int slot = listeners_.fetch_add(1, std::memory_order_acq_rel);
   if (slot >= kMaxListeners) return;
   slots_[slot].addr = addr;

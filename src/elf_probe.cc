@@ -103,6 +103,7 @@ bool HasGoNote(ReadAtFn read, const Phdr& note) {
   const size_t size = note.p_filesz < kMaxNoteBytes
                           ? static_cast<size_t>(note.p_filesz)
                           : kMaxNoteBytes;
+  if (size < 12) return false;
   std::vector<unsigned char> bytes(size);
   const ssize_t got =
       note.p_offset < kMaxOffset ? read(note.p_offset, bytes.data(), size) : -1;
