@@ -95,6 +95,7 @@ T EntryAt(const std::vector<unsigned char>& table, size_t i) {
 
 // The NUL-terminated string at the start of `bytes`, at most its size.
 std::string CString(const char* bytes, size_t size) {
+  if (size == 0) return "";  // bytes may be null (an empty vector's data())
   return std::string(bytes, strnlen(bytes, size));
 }
 
