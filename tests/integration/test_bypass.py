@@ -223,3 +223,28 @@ def test_connections_no_accept_returned_are_said(servers, lib_env, workdir):
     assert libc.trafficrate_lines() == [], report
     assert nginx.trafficrate_lines() == [], report
     assert threads == {"rawaccept": 0, "rawaccept-libc": 0, "nginx": 0}, report
+
+
+def test_servers_that_accept_through_libc_are_not_said(servers, lib_env):
+    """Past their first look, with a connection held: no line from any of
+    the real servers of test_servers.py (listening in one process, accepting
+    in the same or in forked workers)."""
+    env = lib_env(RATE)
+    zoo = [servers.apache(env=env, mpm="prefork"), servers.apache(env=env, mpm="event"),
+           servers.lighttpd(env=env), servers.node(env=env, sched="rr"),
+           servers.python(env=env, mode="fork"), servers.python(env=env, mode="thread")]
+    all_listening = time.monotonic()
+    held = [harness.open_keepalive(s.port, source="127.0.0.%d" % (2 + i))
+            for i, s in enumerate(zoo)]
+    try:
+        time.sleep(max(0.0, all_listening + FIRST_LOOK + 1.5 - time.monotonic()))
+        lines = {s.title: s.trafficrate_lines() for s in zoo}
+        threads = {s.title: watch_threads(s.pid) for s in zoo}
+    finally:
+        for sock in held:
+            sock.close()
+    report = "lines: %s\nwatch threads: %s\n%s" % (
+        lines, threads, "\n".join(s.describe() for s in zoo))
+    print("\n" + report)
+    assert all(not found for found in lines.values()), report
+    assert all(n == 0 for n in threads.values()), report
