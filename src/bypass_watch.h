@@ -15,14 +15,20 @@
 //   ... in accept/accept4, after a successful call:  watch->NoteAccept();
 //   ... in listen, after a successful call:          watch->OnListen(fd);
 //
-// The second check costs nothing until the process's first listen(); then
-// one thread (64 KiB stack) sleeps and looks a few times (5 s after the
-// listen, then 10, 20 ... 320 s later) and ends at the first accept() seen,
-// at the line, when the port's connections are held by other processes
-// (a master whose workers accept: nothing to tell from here), when
-// sock_diag is refused, or after the last look. A look is one sock_diag dump
-// filtered by the kernel to the port's open connections and, only if some are
-// found, a walk of /proc/self/fd until one of them is found. The accept path
+// Costs, measured here (2026-12-06, Debian 12 VM, 2 cores): the Go check
+// 14 us per exec (7 system calls, ~3 KB read). The second check costs
+// nothing until the process's first listen(), which then takes ~160 us
+// more (the thread), later ones ~3 us (getsockname, getsockopt; nothing
+// past 8 ports or once the thread has ended). The thread (64 KiB stack)
+// sleeps and looks a few times (5 s after the listen, then 10, 20 ... 320
+// s later) and ends at the first accept() seen, at the line, when the
+// port's connections are held by other processes (a master whose workers
+// accept: nothing to tell from here), when sock_diag is refused, or after
+// the last look. A look is one sock_diag dump the kernel filters to the
+// port's open connections (0.9 ms with no connection, 1.9 ms with 9 000 in
+// the namespace: the kernel walks its whole established hash) and, only
+// if some are found, fstat of the fds /proc/self/fd lists until one of
+// them is found (20 us with a few fds, 40 ms with 18 000). The accept path
 // pays one relaxed atomic load; no send path pays anything.
 //
 // What it cannot see (no line): connections accepted by forked workers
