@@ -161,7 +161,7 @@ std::vector<uint64_t> OwnedSockets(const std::vector<uint64_t>& inodes,
   std::vector<uint64_t> owned;
   if (inodes.empty() || limit == 0) return owned;
   // The fd numbers from /proc/self/fd (many per getdents), the inode of
-  // each from fstat: several times cheaper than reading each link.
+  // each by stat through its link: cheaper than reading each link.
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) return owned;
   const int dir_fd = dirfd(dir);
@@ -171,8 +171,9 @@ std::vector<uint64_t> OwnedSockets(const std::vector<uint64_t>& inodes,
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     struct stat st {};
+    // Through the link, not fstat(fd): the host's fds are only named here.
     if (end == entry->d_name || *end != '\0' || fd == dir_fd ||
-        fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        fstatat(dir_fd, entry->d_name, &st, 0) != 0 || !S_ISSOCK(st.st_mode)) {
       continue;
     }
     if (std::binary_search(inodes.begin(), inodes.end(), st.st_ino)) {
