@@ -702,7 +702,21 @@ void Governor::FinishDeferredReleases() {
   if (push) zone_->WakeWatchers();
 }
 
-void Governor::OnClose(int fd) { CloseFd(fd, /*may_keep_fd=*/true); }
+void Governor::OnClose(int fd) {
+  if (!Concerns(fd) || SharedWithParent()) return;
+  CloseFd(fd, /*may_keep_fd=*/true);
+}
+
+bool Governor::Concerns(int fd) const {
+  const FdEntry* entry = table_->Get(fd);
+  if (entry != nullptr && entry->state.load(std::memory_order_relaxed) != 0) {
+    return true;
+  }
+  for (const std::atomic<int32_t>& epoll : epolls_) {
+    if (epoll.load(std::memory_order_relaxed) == fd + 1) return true;
+  }
+  return false;
+}
 
 void Governor::CloseFd(int fd, bool may_keep_fd) {
   for (std::atomic<int32_t>& epoll : epolls_) {
@@ -711,7 +725,7 @@ void Governor::CloseFd(int fd, bool may_keep_fd) {
       epoll.compare_exchange_strong(known, 0, std::memory_order_relaxed);
     }
   }
-  const uint64_t state = Detach(fd);
+  const uint64_t state = DetachHere(fd);
   // Budget mode: a connection closed with data unsent keeps its place in
   // its key (and keeps counting) until the kernel has sent it.
   if (state != 0 && !IsKeptDrain(state) && BudgetWanted() &&
@@ -734,6 +748,15 @@ void Governor::OnEpollCreate(int epfd) {
 }
 
 uint64_t Governor::Detach(int fd) {
+  const FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr || entry->state.load(std::memory_order_relaxed) == 0 ||
+      SharedWithParent()) {
+    return 0;
+  }
+  return DetachHere(fd);
+}
+
+uint64_t Governor::DetachHere(int fd) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr || entry->state.load(std::memory_order_relaxed) == 0) {
     return 0;
@@ -754,6 +777,18 @@ void Governor::Reattach(int fd, uint64_t state) {
 void Governor::OnCloseRange(unsigned int first, unsigned int last) {
   const unsigned int high_water =
       static_cast<unsigned int>(table_->high_water());
+  bool concerns = false;
+  for (unsigned int fd = first; fd < high_water && fd <= last && !concerns;
+       ++fd) {
+    concerns = table_->Get(static_cast<int>(fd))
+                   ->state.load(std::memory_order_relaxed) != 0;
+  }
+  for (const std::atomic<int32_t>& epoll : epolls_) {
+    const int32_t known = epoll.load(std::memory_order_relaxed);
+    concerns |= known > 0 && static_cast<unsigned int>(known - 1) >= first &&
+                static_cast<unsigned int>(known - 1) <= last;
+  }
+  if (!concerns || SharedWithParent()) return;
   for (unsigned int fd = first; fd < high_water && fd <= last; ++fd) {
     CloseFd(static_cast<int>(fd), /*may_keep_fd=*/false);
   }
@@ -770,6 +805,7 @@ void Governor::OnDup(int oldfd, int newfd) {
   FdEntry* from = table_->Get(oldfd);
   FdEntry* to = table_->Get(newfd);
   if (from == nullptr || to == nullptr || oldfd == newfd) return;
+  if (!Concerns(oldfd) || SharedWithParent()) return;
   for (const std::atomic<int32_t>& epoll : epolls_) {
     if (epoll.load(std::memory_order_relaxed) == oldfd + 1) {
       OnEpollCreate(newfd);  // the same epoll set under another number
@@ -1068,9 +1104,33 @@ void Governor::AfterForkChild() {
   }
   deferred_count_.store(0, std::memory_order_relaxed);
   zone_->CheckHeader();
+  process_.Arm();
+}
+
+bool Governor::RenewProcess() {
+  if (!process_.BeginRenew()) return process_.Current();
+  AfterForkChild();
+  return true;
+}
+
+bool Governor::SharedWithParent() const {
+  return static_cast<int32_t>(getpid()) != pid_;
 }
 
 uint32_t Governor::EnsureProc() { return watcher_.EnsureStarted(); }
+
+void Governor::BeforeThreadLimit() {
+  if (local_ == nullptr || zone_->corrupt() || SharedWithParent()) return;
+  const int high_water = table_->high_water();
+  for (int fd = 0; fd < high_water; ++fd) {
+    const uint64_t state =
+        table_->Get(fd)->state.load(std::memory_order_relaxed);
+    if (state != 0 && !IsKeptDrain(state)) {
+      EnsureProc();
+      return;
+    }
+  }
+}
 
 void Governor::StopWatcher() { watcher_.Stop(); }
 

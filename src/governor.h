@@ -34,6 +34,7 @@
 #include "src/fd_table.h"
 #include "src/key.h"
 #include "src/log.h"
+#include "src/process_token.h"
 #include "src/rules.h"
 #include "src/rules_file.h"
 #include "src/watcher.h"
@@ -153,8 +154,29 @@ class Governor {
   // Unreceived handoffs expire after this long: their sender then ends
   // the registrations it no longer holds an fd of.
   static constexpr int64_t kHandoffExpiryNs = 2'000'000'000;
-  // In the child, after fork: the watcher thread did not survive.
+  // In the child, after fork: the watcher thread did not survive. Arms the
+  // process token.
   void AfterForkChild();
+  // Whether the calling process is the one this Governor is set up for: one
+  // load, no system call (ProcessToken). False in a new process made with
+  // fork or a raw clone system call (which skips pthread_atfork) until
+  // RenewProcess has run in it. Hot path.
+  bool ProcessCurrent() const { return process_.Current(); }
+  // In a new process: AfterForkChild, once, by the first thread to call it
+  // (true); false for the others while it runs (their call passes through).
+  bool RenewProcess();
+  // Whether the caller runs in a child made with CLONE_VM (vfork,
+  // posix_spawn; Python's subprocess closes and dup2s fds there, through
+  // libc, before its exec): its memory is its parent's, but its fd table is
+  // its own, so the library must leave the parent's state alone. One
+  // getpid(): only on calls about a governed fd.
+  bool SharedWithParent() const;
+  // Before a call that may leave the process unable to start threads (a
+  // lower RLIMIT_NPROC): if it holds governed connections, starts its
+  // watcher now, for them and for those it may be passed later (vsftpd's
+  // transfer process is handed its data connections after it dropped its
+  // privileges and set RLIMIT_NPROC to 0).
+  void BeforeThreadLimit();
   // After epoll_create/epoll_create1 returned epfd. A socket kept open
   // past the host's close (KeepDraining) is first taken out of the host's
   // epoll sets, which would otherwise go on reporting it.
@@ -304,6 +326,11 @@ class Governor {
   // close_range, which would close that duplicate right after.
   bool KeepDraining(int fd, uint64_t state, bool may_keep_fd);
   void CloseFd(int fd, bool may_keep_fd);
+  // Detach, in the process that owns this memory (no SharedWithParent).
+  uint64_t DetachHere(int fd);
+  // Whether closing or replacing fd concerns the library (a governed fd, a
+  // kept drain, or a host's epoll fd).
+  bool Concerns(int fd) const;
   // A private duplicate of fd, above the host's fds, for drain `slot`,
   // taken out of the host's epoll sets; -1 if it should not or cannot be.
   int KeepFd(int fd, uint32_t slot);
@@ -405,7 +432,8 @@ class Governor {
   std::atomic<int32_t> epolls_[kMaxEpolls] = {};
   std::atomic<bool> epolls_unknown_{false};
   Watcher watcher_;
-  int32_t pid_;
+  int32_t pid_;  // getpid() of the process set up (SharedWithParent)
+  ProcessToken process_;
   // Releases deferred because the zone lock was held (DeferRelease).
   static constexpr int kDeferredSlots = 1024;
   std::atomic<uint64_t> deferred_[kDeferredSlots] = {};
