@@ -96,6 +96,7 @@ void* Watcher::Main(void* self) {
 bool Watcher::Claim() {
   uint32_t me = kNoSlot;
   const int32_t proc_pid = PidInProc();
+  uint32_t reaped = 0;  // connections of dead processes, released
   // The zone lock may be held for long (its holder stopped): wait for it in
   // bounded steps, for as long as the process wants the watcher.
   for (;;) {
@@ -105,13 +106,15 @@ bool Watcher::Claim() {
     }
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (lock.ok()) {
-      me = zone_->ClaimProcLocked(proc_pid, MonotonicNowNs(), &liveness_);
+      me = zone_->ClaimProcLocked(proc_pid, MonotonicNowNs(), &liveness_,
+                                  &reaped);
       break;
     }
     if (zone_->lock_stalled() && !zone_->RecheckLock()) {
       SleepNs(kWatcherLockWaitNs);
     }
   }
+  if (reaped > 0) zone_->WakeWatchers();
   if (me == kNoSlot) {
     state_.store(kFailed, std::memory_order_release);
     logger_->Error(

@@ -817,8 +817,43 @@ bool Zone::MayBeHandedOff(uint32_t conn, uint32_t cookie) const {
   return false;
 }
 
-uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
-                               HeldMutex* liveness) {
+uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns, HeldMutex* liveness,
+                               uint32_t* conns_reaped) {
+  uint32_t reaped = 0;
+  const uint32_t high_water =
+      std::min(header_->procs_high_water.load(std::memory_order_relaxed),
+               proc_capacity());
+  for (uint32_t i = 0; i < high_water; ++i) {
+    const ProcSlotShm& p = procs_[i];
+    uint32_t conns = 0;
+    // The kernel marks a robust mutex owner-died when its owner exits or
+    // execs (a slot whose owner let it go on purpose is left alone here).
+    const int word =
+        __atomic_load_n(&p.liveness.__data.__lock, __ATOMIC_ACQUIRE);
+    if (p.state.load(std::memory_order_relaxed) == kProcLive &&
+        p.pid.load(std::memory_order_relaxed) == pid &&
+        (word & FUTEX_OWNER_DIED) != 0 && ReapIfDeadLocked(i, &conns)) {
+      reaped += conns;
+    }
+  }
+  uint32_t slot = ClaimFreeProcLocked(pid, now_ns, liveness);
+  for (uint32_t i = 0; slot == kNoSlot && i < proc_capacity(); ++i) {
+    uint32_t conns = 0;
+    if (procs_[i].state.load(std::memory_order_relaxed) == kProcLive &&
+        ProcMaybeDead(procs_[i]) && ReapIfDeadLocked(i, &conns)) {
+      reaped += conns;
+      slot = ClaimFreeProcLocked(pid, now_ns, liveness);
+    }
+  }
+  if (conns_reaped != nullptr) *conns_reaped = reaped;
+  if (slot == kNoSlot) {
+    header_->table_full.fetch_add(1, std::memory_order_relaxed);
+  }
+  return slot;
+}
+
+uint32_t Zone::ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
+                                   HeldMutex* liveness) {
   for (uint32_t i = 0; i < proc_capacity(); ++i) {
     ProcSlotShm& p = procs_[i];
     if (p.state.load(std::memory_order_relaxed) != kProcFree) continue;
@@ -841,7 +876,6 @@ uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
     }
     return i;
   }
-  header_->table_full.fetch_add(1, std::memory_order_relaxed);
   return kNoSlot;
 }
 

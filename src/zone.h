@@ -196,9 +196,16 @@ class Zone {
   void SetUnderPace(uint32_t conn_index, bool under);
   // Claims a free process slot for pid and locks its liveness mutex from the
   // calling thread, which must hold it for the life of the process (and
-  // release it through *liveness).
+  // release it through *liveness). Reaps first the slots of the same pid
+  // whose owner died (this process before an exec: the kernel marked its
+  // liveness mutex owner-died then, and this process registers its
+  // connections anew) and, if
+  // no slot is free, dead slots of other processes until one is: a dead
+  // process never keeps a live one from its slot. *conns_reaped (if given)
+  // gets the connections those held (the caller wakes the watchers).
   uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns,
-                           HeldMutex* liveness = nullptr);
+                           HeldMutex* liveness = nullptr,
+                           uint32_t* conns_reaped = nullptr);
   // If proc_index's owner died (its liveness mutex reports EOWNERDEAD),
   // deregisters everything it owned, frees the slot and returns true.
   bool ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped);
@@ -322,6 +329,9 @@ class Zone {
   static uint32_t CookieOf(uint32_t seq) { return seq & 0x7fffffffu; }
 
  private:
+  // ClaimProcLocked's claim of a free slot; kNoSlot if none is free.
+  uint32_t ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
+                               HeldMutex* liveness);
   // REQUIRES: base holds a validated zone of `size` bytes.
   Zone(std::string name, void* base, size_t size);
   static absl::StatusOr<std::unique_ptr<Zone>> Map(absl::string_view zone_name,
