@@ -338,29 +338,59 @@ void Governor::MarkPending(int fd, FdEntry& entry) {
   }
 }
 
-void Governor::RetryRegister(int fd, FdEntry& entry) {
+void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   // While the lock is still held, or the watcher still starts, no system
   // call: the send goes out unpaced, as it would without the library.
   if (zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
       RulesStale()) {
     return;
   }
-  uint64_t pending = kRegisterPending;
-  if (!entry.state.compare_exchange_strong(pending, 0,
+  uint64_t expected = pending;
+  if (!entry.state.compare_exchange_strong(expected, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it
   }
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
-                nullptr, 0, &key, peer16, &peer_port))
-    return;
-  Register(fd, entry, key, peer16, peer_port);
+  if (Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
+               nullptr, 0, &key, peer16, &peer_port)) {
+    Register(fd, entry, key, peer16, peer_port);
+  }
+  if (pending != kRegisterPending) SettleGroup(fd, entry, pending);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
   if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
     JoinSlow(fd, entry, state);
   }
+}
+
+void Governor::SettleGroup(int fd, FdEntry& entry, uint64_t pending) {
+  const uint64_t state = entry.state.load(std::memory_order_acquire);
+  if (state == kRegisterPending) {
+    // Not registered yet (the zone lock is held, the watcher starts): the
+    // group waits on, for the next send through any of its fds.
+    entry.state.store(pending, std::memory_order_release);
+    return;
+  }
+  const int high_water = table_->high_water();
+  for (int other = 0; other < high_water; ++other) {
+    FdEntry& mate = *table_->Get(other);
+    uint64_t expected = pending;
+    if (other == fd || !mate.state.compare_exchange_strong(
+                           expected, 0, std::memory_order_acq_rel)) {
+      continue;
+    }
+    if (state != 0) CopyRegistration(entry, state, mate, other);
+  }
+}
+
+void Governor::CopyRegistration(const FdEntry& from, uint64_t state,
+                                FdEntry& to, int newfd) {
+  AddLocalRef(StateConn(state), StateCookie(state));
+  to.applied.store(from.applied.load(std::memory_order_relaxed),
+                   std::memory_order_relaxed);
+  to.state.store(state, std::memory_order_release);
+  table_->NoteTracked(newfd);
 }
 
 void Governor::BeforeSend(int fd) {
@@ -369,7 +399,7 @@ void Governor::BeforeSend(int fd) {
   const uint64_t state = entry->state.load(std::memory_order_acquire);
   if (state == 0) return;
   if (StateConn(state) >= zone_->conn_capacity()) {
-    if (state == kRegisterPending) RetryRegister(fd, *entry);
+    if (IsRegisterPending(state)) RetryRegister(fd, *entry, state);
     return;
   }
   // A tick's precision is plenty for idleness (TRAFFICRATE_IDLE is 200 ms by
@@ -814,16 +844,18 @@ void Governor::OnDup(int oldfd, int newfd) {
   }
   const uint64_t state = from->state.load(std::memory_order_acquire);
   // A pending registration stays with the fd it was accepted on: two
-  // retries would count the connection twice.
+  // retries would count the connection twice. An inherited socket's group
+  // takes the new fd in.
   if (state == 0 || IsKeptDrain(state) || state == kRegisterPending) return;
   if (to->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*to));
   }
-  AddLocalRef(StateConn(state), StateCookie(state));
-  to->applied.store(from->applied.load(std::memory_order_relaxed),
-                    std::memory_order_relaxed);
-  to->state.store(state, std::memory_order_release);
-  table_->NoteTracked(newfd);
+  if (IsRegisterPending(state)) {
+    to->state.store(state, std::memory_order_release);
+    table_->NoteTracked(newfd);
+    return;
+  }
+  CopyRegistration(*from, state, *to, newfd);
 }
 
 namespace {
@@ -1066,8 +1098,9 @@ int Governor::AdoptInherited() {
     if (!client) continue;  // an outgoing connection the parent made
     FdEntry* entry = table_->Get(fd);
     if (entry == nullptr) continue;
-    OnAccept(fd, nullptr, 0);  // not connected (no peer): left alone
-    if (entry->state.load(std::memory_order_acquire) == 0) continue;
+    // Registered (and classified: client, key, rules) at its first send.
+    entry->state.store(PendingGroupState(fd), std::memory_order_release);
+    table_->NoteTracked(fd);
     ++governed;
     if (sockets < kMaxSockets) {
       inodes[sockets] = inode;
@@ -1333,7 +1366,7 @@ void Governor::PassThroughAll() {
     // Pinned, so that the host cannot close the fd meanwhile (a close
     // clears the state first, then waits for the pin).
     if (!FdTable::TryPin(entry, state, /*wait=*/true)) continue;
-    if (state != kRegisterPending) {
+    if (!IsRegisterPending(state)) {
       setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
                  sizeof(kUnpaced));
     }

@@ -141,6 +141,7 @@ class Governor {
   // alone.
   void OnReceivedFds(const msghdr* msg);
   // At start-up (the library's constructor, TRAFFICRATE_INHERITED): governs
+  // (registers at their first send, see PendingGroupState)
   // the client connections the process inherited from its parent, such as
   // inetd's or systemd's (Accept=yes) fd 0/1, or socket-activation fds. A
   // connected TCP socket found then was made by no code of this program
@@ -260,7 +261,15 @@ class Governor {
              int64_t now_ns);
   // One received fd (OnReceivedFds).
   void ReceiveFd(int fd);
-  void RetryRegister(int fd, FdEntry& entry);
+  // pending: the state it had (kRegisterPending, or an inherited socket's
+  // PendingGroupState).
+  void RetryRegister(int fd, FdEntry& entry, uint64_t pending);
+  // After RetryRegister of an inherited socket's fd: its other fds (same
+  // pending group) take the registration, or none if it is not governed.
+  void SettleGroup(int fd, FdEntry& entry, uint64_t pending);
+  // Makes `to` (fd newfd) another fd of from's registration `state`.
+  void CopyRegistration(const FdEntry& from, uint64_t state, FdEntry& to,
+                        int newfd);
   // Deregisters a connection of this process; true if its key still has
   // senders to push to.
   bool DeregisterLocked(uint32_t index);

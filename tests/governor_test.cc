@@ -581,16 +581,23 @@ TEST_F(GovernorTest, InheritedClientConnectionIsGovernedOnceWithItsDuplicates) {
   // clients', whatever the port.
   StartGovernor(RuleOptions({{port_, port_}}));
   EXPECT_EQ(gov_->AdoptInherited(), 1);
-  EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(KeysUsed(), 1u);
-  const uint64_t state = table_->Get(c.server)->state.load();
-  ASSERT_NE(state, 0u);
-  EXPECT_EQ(StateConn(table_->Get(dup_fd)->state.load()), StateConn(state));
+  // Registered at its first send, through either fd: a process that never
+  // sends on it (a shell that execs the program that does) takes no slot.
+  EXPECT_EQ(ConnsUsed(), 0u);
+  EXPECT_EQ(gov_->proc_index(), kNoSlot);
+  EXPECT_NE(table_->Get(c.server)->state.load(), 0u);
   EXPECT_EQ(table_->Get(c.client)->state.load(), 0u)
       << "the client end's local port is not the listener's";
   EXPECT_EQ(table_->Get(listener_)->state.load(), 0u);
   EXPECT_EQ(Send(dup_fd, 1000), 1000);
   EXPECT_EQ(Pacing(dup_fd), kRate);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  EXPECT_EQ(KeysUsed(), 1u);
+  const uint64_t state = table_->Get(c.server)->state.load();
+  ASSERT_NE(state, 0u);
+  EXPECT_EQ(table_->Get(dup_fd)->state.load(), state);
+  EXPECT_EQ(Send(c.server, 1000), 1000);
+  EXPECT_EQ(ConnsUsed(), 1u) << "one socket, one registration";
   gov_->OnClose(dup_fd);
   close(dup_fd);
   EXPECT_EQ(ConnsUsed(), 1u) << "fd 0 still holds it";
@@ -622,6 +629,8 @@ TEST_F(GovernorTest, InheritedConnectionOnAnEphemeralPortIsLeftAlone) {
   EXPECT_EQ(gov_->AdoptInherited(), 1);
   EXPECT_EQ(table_->Get(outgoing.server)->state.load(), 0u);
   EXPECT_NE(table_->Get(client.server)->state.load(), 0u);
+  EXPECT_EQ(Send(client.server), 100);
+  EXPECT_EQ(Send(outgoing.server), 100);
   EXPECT_EQ(ConnsUsed(), 1u);
   Close(client);
   Close(outgoing);
