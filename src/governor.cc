@@ -1142,6 +1142,8 @@ void Governor::AfterForkChild() {
 
 bool Governor::RenewProcess() {
   if (!process_.BeginRenew()) return process_.Current();
+  // Made with a raw clone, the kernel holds no robust list for this thread.
+  ReregisterRobustList();
   AfterForkChild();
   return true;
 }

@@ -1251,6 +1251,54 @@ uintptr_t RobustHead() {
   return t_robust_head;
 }
 
+// The calling thread's robust list head, found by locking a private robust
+// mutex: glibc links it at the front of the thread's list, which is a ring
+// through the mutexes the thread holds back to the head, and the head lies
+// in the thread's descriptor (at pthread_self(), within a page). 0 if not
+// found.
+uintptr_t FindRobustHead() {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_t m;
+  pthread_mutex_init(&m, &attr);
+  pthread_mutexattr_destroy(&attr);
+  uintptr_t head = 0;
+  if (pthread_mutex_lock(&m) == 0) {
+    const uintptr_t self = reinterpret_cast<uintptr_t>(pthread_self());
+    void* link = m.__data.__list.__next;
+    for (int i = 0; i < 64 && link != nullptr; ++i) {
+      const uintptr_t p = reinterpret_cast<uintptr_t>(link) & ~uintptr_t{1};
+      if (p >= self && p < self + 4096) {
+        head = p;
+        break;
+      }
+      link = reinterpret_cast<__pthread_list_t*>(p)->__next;
+    }
+    pthread_mutex_unlock(&m);
+  }
+  pthread_mutex_destroy(&m);
+  return head;
+}
+
+}  // namespace
+
+void ReregisterRobustList() {
+  void* head = nullptr;
+  size_t len = 0;
+  if (syscall(SYS_get_robust_list, 0, &head, &len) == 0 && head != nullptr) {
+    return;
+  }
+  const uintptr_t found = FindRobustHead();
+  // struct robust_list_head: the list, the futex offset, the pending op.
+  if (found != 0 &&
+      syscall(SYS_set_robust_list, found, 3 * sizeof(void*)) == 0) {
+    t_robust_head = found;
+  }
+}
+
+namespace {
+
 // Locks waiting at most wait_ns, measured on CLOCK_MONOTONIC, so that a
 // change of the wall clock cannot lengthen the wait.
 int TimedLock(pthread_mutex_t* mutex, int64_t wait_ns) {

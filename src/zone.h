@@ -55,6 +55,15 @@ struct HeldMutex {
   uintptr_t hi = 0;
 };
 
+// In a child made with a raw clone system call (not glibc's fork, which
+// does this itself): registers the calling thread's robust mutex list with
+// the kernel again (the clone cleared it), so that the zone locks this
+// thread takes pass HeldMutex's check of their links (else the first
+// unlock would find the zone "corrupt") and the liveness and zone locks it
+// dies holding are marked owner-died. No-op where the kernel has a list.
+// Not for the hot path: a few system calls, once per new process.
+void ReregisterRobustList();
+
 // How a zone of a given size is divided; a pure function of the size.
 struct ZoneGeometry {
   uint32_t bucket_count = 0;

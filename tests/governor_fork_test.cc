@@ -170,6 +170,42 @@ TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
   EXPECT_EQ(KeysUsed(), 0u);
 }
 
+// The clone system call clears the robust mutex list the kernel knows for
+// the thread (glibc's fork registers it again). A child of a thread that
+// never took the zone lock would then find the lock's links "damaged" at its
+// first unlock and mark the zone corrupt for every process.
+TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
+  if (kUnderTsan) {
+    GTEST_SKIP() << "ThreadSanitizer does not support a raw clone of a "
+                    "multithreaded process";
+  }
+  StartGovernor();
+  pid_t pid = -1;
+  std::thread fresh([&] {
+    pid = RawClone();
+    if (pid != 0) return;
+    TRAFFICRATE_CHILD_CHECK(gov_->RenewProcess());
+    void* head = nullptr;
+    size_t len = 0;
+    TRAFFICRATE_CHILD_CHECK(syscall(SYS_get_robust_list, 0, &head, &len) == 0 &&
+                            head != nullptr);
+    {
+      ZoneLock lock(*zone_);
+      TRAFFICRATE_CHILD_CHECK(lock.ok());
+    }
+    TRAFFICRATE_CHILD_CHECK(!zone_->corrupt());
+    const Conn c = Open("127.0.0.2");
+    TRAFFICRATE_CHILD_CHECK(c.server >= 0 && Send(c.server) == 100);
+    TRAFFICRATE_CHILD_CHECK(gov_->proc_index() != kNoSlot);
+    TRAFFICRATE_CHILD_CHECK(!zone_->corrupt());
+    _exit(0);
+  });
+  fresh.join();
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  EXPECT_TRUE(zone_->CheckHeader()) << "the zone is sound";
+}
+
 // Python's subprocess starts its children with vfork and, in the child,
 // closes every fd above 2 and dup2s the pipes through libc before its exec:
 // the interposers run there, on the parent's memory (its fd table, its
