@@ -268,7 +268,8 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
 }
 
 void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
-                        const uint8_t peer16[16], uint16_t peer_port) {
+                        const uint8_t peer16[16], uint16_t peer_port,
+                        bool inherited) {
   if (zone_->corrupt()) return;
   const uint32_t proc = EnsureProc();
   if (proc == kNoSlot) {
@@ -288,7 +289,13 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
       return;
     }
     const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
-    if (k != kNoSlot) {
+    if (k != kNoSlot && inherited) {
+      conn = zone_->FindConnLocked(k, peer16, peer_port);
+    }
+    if (k != kNoSlot && conn != kNoSlot) {
+      cookie =
+          Zone::CookieOf(zone_->conn(conn).seq.load(std::memory_order_relaxed));
+    } else if (k != kNoSlot) {
       conn = zone_->RegisterConnLocked(k, proc, fd, peer16, peer_port);
       if (conn == kNoSlot) {
         zone_->ReleaseKeyIfUnusedLocked(k);
@@ -355,7 +362,8 @@ void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   uint16_t peer_port = 0;
   if (Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
                nullptr, 0, &key, peer16, &peer_port)) {
-    Register(fd, entry, key, peer16, peer_port);
+    Register(fd, entry, key, peer16, peer_port,
+             /*inherited=*/pending != kRegisterPending);
   }
   if (pending != kRegisterPending) SettleGroup(fd, entry, pending);
   const uint64_t state = entry.state.load(std::memory_order_acquire);

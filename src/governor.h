@@ -250,8 +250,12 @@ class Governor {
   int64_t LastSendNs(int fd) const;
 
  private:
+  // inherited: the socket came from the process's parent (an exec'd CGI
+  // helper's stdout); a registration its accepting process made is taken
+  // over, as a forked child's would be, rather than counted twice.
   void Register(int fd, FdEntry& entry, const ConnKey& key,
-                const uint8_t peer16[16], uint16_t peer_port);
+                const uint8_t peer16[16], uint16_t peer_port,
+                bool inherited = false);
   // A registration that could not be made (zone lock stalled, watcher not
   // started yet): the fd's next send retries it (RetryRegister).
   void MarkPending(int fd, FdEntry& entry);

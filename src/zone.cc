@@ -543,6 +543,25 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
   return i;
 }
 
+uint32_t Zone::FindConnLocked(uint32_t key_index, const uint8_t peer[16],
+                              uint16_t peer_port) const {
+  if (key_index >= key_capacity()) return kNoSlot;
+  uint32_t left = keys_[key_index].refs.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < conn_capacity() && left > 0; ++i) {
+    const ConnSlotShm& c = conns_[i];
+    if ((c.seq.load(std::memory_order_relaxed) & 1) == 0 ||
+        c.key_index.load(std::memory_order_relaxed) != key_index) {
+      continue;
+    }
+    --left;
+    if (__atomic_load_n(&c.peer_port, __ATOMIC_RELAXED) == peer_port &&
+        std::memcmp(c.peer, peer, sizeof(c.peer)) == 0) {
+      return i;
+    }
+  }
+  return kNoSlot;
+}
+
 void Zone::ReleaseKeyIfUnusedLocked(uint32_t key_index) {
   if (key_index >= key_capacity()) return;
   KeySlotShm& k = keys_[key_index];

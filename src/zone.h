@@ -162,6 +162,12 @@ class Zone {
   uint32_t FindKeyLocked(const uint8_t* key_bytes) const;
   // Returns the key's slot, inserting it (refs 0) if absent; kNoSlot if full.
   uint32_t FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns);
+  // The registration of key_index's connection from peer:peer_port, made by
+  // another process (the one that accepted a socket an exec'd process
+  // inherited); kNoSlot if there is none. Looks at the connection slots in
+  // use until it has seen the key's; not for the hot path.
+  uint32_t FindConnLocked(uint32_t key_index, const uint8_t peer[16],
+                          uint16_t peer_port) const;
   // Takes a connection slot for key_index owned by proc_index, not active.
   // Returns kNoSlot if the connection table is full. The caller frees an
   // unused key (refs 0) with ReleaseKeyIfUnusedLocked.

@@ -606,6 +606,43 @@ TEST_F(GovernorTest, InheritedClientConnectionIsGovernedOnceWithItsDuplicates) {
   EXPECT_EQ(KeysUsed(), 0u);
 }
 
+// A CGI-style helper: the server accepted (and registered) the connection,
+// then started a program with the socket as its stdout, which inherits it.
+// The program's first send takes the server's registration over, as a
+// forked child's would, instead of counting the connection twice.
+TEST_F(GovernorTest, InheritedConnectionTakesItsAcceptorsRegistrationOver) {
+  StartGovernor(RuleOptions({{port_, port_}}));  // the server
+  const Conn c = Open("127.0.0.2");
+  ASSERT_GE(c.server, 0);
+  const uint32_t conn = ConnIndex(c.server);
+  ASSERT_NE(conn, kNoSlot);
+  ASSERT_EQ(ConnsUsed(), 1u);
+  // The helper: another Governor over its own fd table (a process of its
+  // own, as far as the zone can tell), which inherited c.server.
+  std::unique_ptr<FdTable> table(FdTable::Create(testing_util::kTableSize));
+  Governor helper(zone_.get(), table.get(), &logger_,
+                  RuleOptions({{port_, port_}}));
+  EXPECT_GE(helper.AdoptInherited(), 1);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  helper.BeforeSend(c.server);
+  const ssize_t sent = ::send(c.server, "x", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  helper.AfterSend(c.server, sent);
+  ASSERT_EQ(sent, 1);
+  EXPECT_EQ(ConnsUsed(), 1u) << "counted once";
+  EXPECT_EQ(StateConn(table->Get(c.server)->state.load()), conn);
+  EXPECT_EQ(zone_->conn(conn).proc_index.load(), helper.proc_index())
+      << "the sender owns it";
+  EXPECT_EQ(zone_->conn(conn).active.load(), 1u);
+  EXPECT_EQ(Pacing(c.server), kRate);
+  // The server's close leaves it to its new owner; the helper's ends it.
+  gov_->OnClose(c.server);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  helper.OnClose(c.server);
+  EXPECT_EQ(ConnsUsed(), 0u);
+  EXPECT_EQ(KeysUsed(), 0u);
+  helper.StopWatcher();
+}
+
 TEST_F(GovernorTest, InheritedConnectionOnAnEphemeralPortIsLeftAlone) {
   // Without TRAFFICRATE_PORTS, a local port in the kernel's ephemeral range
   // is an outgoing connection's: the fixture's listener got one (port 0).
