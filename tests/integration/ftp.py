@@ -140,9 +140,9 @@ class FtpDownload(Download):
         self.size = size
 
     def _exchange(self, control):
-        deadline = time.monotonic() + 10.0
-        if read_reply(control, deadline)[0] != 220:
-            raise RuntimeError("no FTP greeting")
+        code, text = read_reply(control, time.monotonic() + 10.0)
+        if code != 220:
+            raise RuntimeError("no FTP greeting: %s" % text)
         command(control, "USER anonymous", (230, 331))
         if command(control, "PASS trafficrate@", (230,)) is None:
             return
