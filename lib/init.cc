@@ -108,16 +108,28 @@ void Initialize() {
   if (!config.ok()) return Fail(g_logger, config.status(), strict);
   if (!config->enabled) return;
   ConfigureLog(*config);
-  bool replaced = false;
+  ZoneOpenNotes notes;
   absl::StatusOr<std::unique_ptr<Zone>> zone =
       Zone::OpenOrCreate(config->zone_name, config->zone_size_bytes,
-                         config->rate_bytes_per_sec, config->key, &replaced);
+                         config->rate_bytes_per_sec, config->key, &notes);
   if (!zone.ok()) return Fail(g_logger, zone.status(), strict);
-  if (replaced) {
+  if (notes.replaced_corrupt) {
     g_logger.Warning(
         "zone %s was corrupt; replaced by a fresh one (servers still using "
         "the old one pass through unpaced until they restart)",
         config->zone_name.c_str());
+  }
+  if (!notes.placement.empty()) {
+    g_logger.Warning("%s", notes.placement.c_str());
+  }
+  if (!notes.legacy_path.empty()) {
+    g_logger.Notice(
+        "%s is zone %s of an earlier trafficrate version: servers still "
+        "running that version use it, not %s, so their clients are paced "
+        "apart from this server's until they restart; remove it with "
+        "`trafficrate rm --force --zone %s` once they have stopped",
+        notes.legacy_path.c_str(), config->zone_name.c_str(),
+        (*zone)->path().c_str(), notes.legacy_path.c_str());
   }
   (*zone)->SetShare(config->share, config->burst_bytes);
   FdTable* table = FdTable::Create(FdTableCapacity());

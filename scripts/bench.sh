@@ -118,7 +118,7 @@ writepath() {
       LD_PRELOAD=$build_dir/libtrafficrate.so \
       timeout 300 "$build_dir/write_path_bench" "${args[@]}" \
       --benchmark_out="$out/preloaded.json" >/dev/null || rc=$?
-    rm -f "/dev/shm/trafficrate.$zone"
+    "$build_dir/trafficrate" rm --force --zone "$zone" >/dev/null 2>&1 || true
   fi
   if ((rc == 0)); then
     /usr/bin/python3 "$TRAFFICRATE_ROOT/bench/write_path.py" --json "$wp_json" \

@@ -11,8 +11,8 @@
 # into $TRAFFICRATE_BUILD_DIR (default <repo>/build), then runs everything in a
 # private network namespace whose loopback has MTU 1500 (see DESIGN.md: on the
 # host's 64 KiB-MTU loopback the kernel's unpaced first segments skew rates).
-# nginx is stopped by pid, the zone /dev/shm/trafficrate.<zone> and the temp
-# directory are removed when the demo ends, also on Ctrl-C.
+# nginx is stopped by pid, the zone (trafficrate rm) and the temp directory
+# are removed when the demo ends, also on Ctrl-C.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,7 +52,7 @@ fi
 [[ -f "$BUILD/libtrafficrate.so" ]] || die "$BUILD/libtrafficrate.so not found (build failed?)"
 
 ZONE="demo-$$"
-cleanup() { rm -f "/dev/shm/trafficrate.$ZONE"; }
+cleanup() { "$BUILD/trafficrate" rm --force --zone "$ZONE" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -171,11 +171,8 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
 
 Governor::~Governor() {
   StopWatcher();
-  for (const RuleTable* t = rule_table_.exchange(nullptr); t != nullptr;) {
-    const RuleTable* previous = t->previous;
-    delete t;
-    t = previous;
-  }
+  delete rule_table_.exchange(nullptr);
+  FreeRetiredRuleTables(/*force=*/true);
   ReleaseKeptDrains();
   UnmapPrivateArray(local_, zone_->conn_capacity());
   UnmapPrivateArray(key_local_, zone_->key_capacity());
@@ -254,29 +251,32 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
     // if this process has none yet); the connection is classified under
     // the new rules at its first send after that.
     EnsureProc();
-    MarkPending(fd, *entry);
+    MarkPending(fd, *entry, nullptr);
     return;
   }
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (!Classify(fd, options_, rule_table_.load(std::memory_order_acquire), peer,
-                peer_len, &key, peer16, &peer_port)) {
-    return;
+  {
+    const RuleTableRead rules(*this);
+    if (!Classify(fd, options_, rules.table(), peer, peer_len, &key, peer16,
+                  &peer_port)) {
+      return;
+    }
   }
   Register(fd, *entry, key, peer16, peer_port);
 }
 
 void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
                         const uint8_t peer16[16], uint16_t peer_port,
-                        bool inherited) {
+                        uint64_t expected, bool inherited) {
   if (zone_->corrupt()) return;
   const uint32_t proc = EnsureProc();
   if (proc == kNoSlot) {
-    // The watcher is still starting (it waits for the zone lock): the
-    // connection's next send tries again. If it failed for good, the
-    // process passes through.
-    if (watcher_.starting()) MarkPending(fd, entry);
+    // The watcher is still starting (it waits for the zone lock): it
+    // registers the connection once it runs (RegisterPending). If it
+    // failed for good, the process passes through.
+    if (watcher_.starting()) MarkPending(fd, entry, &key);
     return;
   }
   const int64_t now = MonotonicNowNs();
@@ -285,7 +285,7 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
   {
     ZoneLock lock(*zone_);
     if (!lock.ok()) {
-      MarkPending(fd, entry);
+      MarkPending(fd, entry, &key);
       return;
     }
     const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
@@ -315,11 +315,11 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
     }
     return;
   }
-  Adopt(fd, entry, conn, cookie, now);
+  Adopt(fd, entry, conn, cookie, now, expected);
 }
 
-void Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-                     int64_t now) {
+bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
+                     int64_t now, uint64_t expected) {
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
   entry.visit_tick.store(0, std::memory_order_relaxed);
@@ -332,16 +332,79 @@ void Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   local_[conn].idle_queued.store(0, std::memory_order_relaxed);
   local_[conn].idle_queued_ns.store(0, std::memory_order_relaxed);
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
+  local_[conn].kernel_base.store(kNoKernelBase, std::memory_order_relaxed);
   local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
   local_[conn].slow.store(false, std::memory_order_relaxed);
-  entry.state.store(PackState(conn, cookie), std::memory_order_release);
+  if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
+                                           std::memory_order_acq_rel)) {
+    // Closed meanwhile (RegisterPending, from the watcher): the
+    // registration ends with it.
+    Release(PackState(conn, cookie));
+    return false;
+  }
   table_->NoteTracked(fd);
+  return true;
 }
 
-void Governor::MarkPending(int fd, FdEntry& entry) {
-  if (!zone_->corrupt()) {
-    entry.state.store(kRegisterPending, std::memory_order_release);
-    table_->NoteTracked(fd);
+void Governor::MarkPending(int fd, FdEntry& entry, const ConnKey* key) {
+  if (zone_->corrupt()) return;
+  if (key != nullptr) {
+    // Until it is registered, at most its rule's rate: never unpaced, never
+    // more than the key may have (its siblings are paced already).
+    uint64_t rate = zone_->RuleRate(Zone::RuleOfKeyBytes(key->bytes));
+    if (rate == 0) rate = zone_->RuleRate(0);
+    if (rate != 0) {
+      setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate));
+    }
+  }
+  entry.state.store(kRegisterPending, std::memory_order_release);
+  table_->NoteTracked(fd);
+  pending_maybe_.store(true, std::memory_order_release);
+}
+
+void Governor::RegisterPending() {
+  if (!pending_maybe_.load(std::memory_order_acquire) ||
+      zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
+      RulesStale()) {
+    return;
+  }
+  pending_maybe_.store(false, std::memory_order_release);
+  const int high_water = table_->high_water();
+  for (int fd = 0; fd < high_water; ++fd) {
+    FdEntry& entry = *table_->Get(fd);
+    if (entry.state.load(std::memory_order_acquire) != kRegisterPending) {
+      continue;
+    }
+    // Pinned, so that the host's close waits for us (it clears the state
+    // first: Adopt's exchange then fails, and the registration ends).
+    if (!FdTable::TryPin(entry, kRegisterPending, /*wait=*/false)) {
+      pending_maybe_.store(true, std::memory_order_release);
+      continue;
+    }
+    ConnKey key;
+    uint8_t peer16[16];
+    uint16_t peer_port = 0;
+    bool is_conn;
+    {
+      const RuleTableRead rules(*this);
+      is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                         &peer_port);
+    }
+    uint64_t state = kRegisterPending;
+    if (!is_conn) {
+      entry.state.compare_exchange_strong(state, 0, std::memory_order_acq_rel);
+    } else {
+      Register(fd, entry, key, peer16, peer_port, kRegisterPending);
+      state = entry.state.load(std::memory_order_acquire);
+    }
+    FdTable::Unpin(entry);
+    if (state == kRegisterPending) {
+      pending_maybe_.store(true, std::memory_order_release);  // next loop
+    } else if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
+      // It was sending all along: it joins now, not at its next send,
+      // which a full socket may put off for seconds.
+      JoinSlow(fd, entry, state);
+    }
   }
 }
 
@@ -360,9 +423,14 @@ void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  if (Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
-               nullptr, 0, &key, peer16, &peer_port)) {
-    Register(fd, entry, key, peer16, peer_port,
+  bool is_conn;
+  {
+    const RuleTableRead rules(*this);
+    is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                       &peer_port);
+  }
+  if (is_conn) {
+    Register(fd, entry, key, peer16, peer_port, /*expected=*/0,
              /*inherited=*/pending != kRegisterPending);
   }
   if (pending != kRegisterPending) SettleGroup(fd, entry, pending);
@@ -439,7 +507,8 @@ void Governor::AfterSend(int fd, ssize_t sent) {
 }
 
 uint64_t Governor::AfterBytes(const ConnSlotShm& conn) const {
-  const RuleTable* table = rule_table_.load(std::memory_order_acquire);
+  const RuleTableRead rules(*this);
+  const RuleTable* table = rules.table();
   if (table == nullptr) return options_.after_bytes;
   if (table->max_after == 0) return 0;
   const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
@@ -455,7 +524,8 @@ bool Governor::RulesStale() const {
 }
 
 bool Governor::AnyAfter() const {
-  const RuleTable* table = rule_table_.load(std::memory_order_acquire);
+  const RuleTableRead rules(*this);
+  const RuleTable* table = rules.table();
   return table != nullptr ? table->max_after > 0 : options_.after_bytes > 0;
 }
 
@@ -505,18 +575,54 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
     table->after_by_rule[slot] = rule.after_bytes;
     table->max_after = std::max(table->max_after, rule.after_bytes);
   }
-  // The one before stays readable: see RuleTable.
-  table->previous = rule_table_.load(std::memory_order_acquire);
-  rule_table_.store(table.release(), std::memory_order_release);
+  // The one before stays readable until no call can still read it: see
+  // RuleTable.
+  const RuleTable* before =
+      rule_table_.exchange(table.release(), std::memory_order_seq_cst);
+  if (before != nullptr) {
+    before->previous = retired_rule_tables_.load(std::memory_order_relaxed);
+    while (!retired_rule_tables_.compare_exchange_weak(
+        before->previous, before, std::memory_order_acq_rel)) {
+    }
+  }
   return true;
 }
 
-void Governor::ReloadRules() {
+void Governor::FreeRetiredRuleTables(bool force) {
+  if (retired_rule_tables_.load(std::memory_order_acquire) == nullptr ||
+      (!force && rule_readers_.load(std::memory_order_seq_cst) != 0)) {
+    return;
+  }
+  // Every read counted from now on began after these tables were replaced
+  // (the count was 0 after the exchange), so it holds a newer table.
+  for (const RuleTable* t =
+           retired_rule_tables_.exchange(nullptr, std::memory_order_acq_rel);
+       t != nullptr;) {
+    const RuleTable* previous = t->previous;
+    delete t;
+    t = previous;
+  }
+}
+
+int Governor::RetiredRuleTablesForTesting() const {
+  int n = 0;
+  for (const RuleTable* t = retired_rule_tables_.load(); t != nullptr;
+       t = t->previous) {
+    ++n;
+  }
+  return n;
+}
+
+ReloadStatus Governor::ReloadRules(int* err) {
+  *err = 0;
   absl::StatusOr<RulesFile> file = ReadRulesFile(options_.rules_path);
   if (!file.ok()) {
     logger_->Error("reload: %s; the rules in force stay",
                    std::string(file.status().message()).c_str());
-    return;
+    const absl::Status& status = file.status();
+    if (absl::IsPermissionDenied(status)) *err = EACCES;
+    if (absl::IsNotFound(status)) *err = ENOENT;
+    return *err != 0 ? kReloadUnreadable : kReloadInvalid;
   }
   for (const std::string& line : ShadowedRules(*file)) {
     logger_->Warning("reload: %s: %s", options_.rules_path.c_str(),
@@ -526,11 +632,12 @@ void Governor::ReloadRules() {
     logger_->Warning(
         "reload: the zone lock stayed busy; the rules in force stay (run "
         "trafficrate reload again)");
-    return;
+    return kReloadBusy;
   }
   logger_->Notice(
       "reload: %zu rule(s) from %s, for the connections accepted from now on",
       file->rules.size(), options_.rules_path.c_str());
+  return kReloadOk;
 }
 
 bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
@@ -596,9 +703,12 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  const bool is_conn =
-      Classify(fd, options_, rule_table_.load(std::memory_order_acquire),
-               nullptr, 0, &key, peer16, &peer_port);
+  bool is_conn;
+  {
+    const RuleTableRead rules(*this);
+    is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                       &peer_port);
+  }
   if (!entry.state.compare_exchange_strong(state, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it
@@ -932,7 +1042,7 @@ int Governor::BeforePassFds(const msghdr* msg) {
         "zone %s: too many sockets passed between processes and not yet "
         "received (%u); the ones passed now are not governed by their "
         "receiver",
-        zone_->name().c_str(), kHandoffSlots);
+        zone_->name().c_str(), zone_->handoff_capacity());
   }
   return published;
 }
@@ -970,8 +1080,8 @@ void Governor::ReceiveFd(int fd) {
   {
     ZoneLock lock(*zone_);
     if (!lock.ok()) {
-      // Registered afresh at its next send; the sender's handoff expires.
-      MarkPending(fd, *entry);
+      // Registered afresh by the watcher; the sender's handoff expires.
+      MarkPending(fd, *entry, nullptr);
       return;
     }
     conn = zone_->TakeHandoffLocked(inode, &cookie);
@@ -979,7 +1089,7 @@ void Governor::ReceiveFd(int fd) {
     // the sender's) ends the registration.
     if (conn != kNoSlot) zone_->TransferConnLocked(conn, me, fd);
   }
-  if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs());
+  if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs(), 0);
 }
 
 void Governor::ExpireHandoffs(int64_t now_ns) {
@@ -993,9 +1103,10 @@ void Governor::ExpireHandoffs(int64_t now_ns) {
   {
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (!lock.ok()) return;  // next loop
-    uint64_t expired[kHandoffSlots];
+    // A batch per watcher loop; what is left waits for the next one.
+    uint64_t expired[kMinHandoffSlots];
     const uint32_t n =
-        zone_->ExpireHandoffsLocked(me, before, expired, kHandoffSlots);
+        zone_->ExpireHandoffsLocked(me, before, expired, kMinHandoffSlots);
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t index = static_cast<uint32_t>(expired[i] >> 32);
       const uint32_t cookie = static_cast<uint32_t>(expired[i]);
@@ -1124,6 +1235,10 @@ void Governor::AfterForkChild() {
   if (options_.agent != nullptr) options_.agent->AfterForkChild();
   pid_ = static_cast<int32_t>(getpid());
   table_->ClearPinsAfterFork();
+  // No thread of the parent survives to end its read of the rule table.
+  rule_readers_.store(0, std::memory_order_relaxed);
+  // Registrations the parent had pending are this process's to make too.
+  pending_maybe_.store(true, std::memory_order_relaxed);
   // The parent's drains are the parent's to finish; the fds that keep them
   // open must not keep the sockets open for as long as the child lives.
   for (int slot = 0; slot < kDrainSlots; ++slot) {
@@ -1198,7 +1313,8 @@ void Governor::ExpireIdle(int64_t now_ns) {
   // Budget mode: the tick's visits expire the sending connections
   // (TickBudget); only TRAFFICRATE_AFTER's joins are left to this pass.
   const bool budget = BudgetWanted();
-  if (budget && !AnyAfter()) return;
+  const bool any_after = AnyAfter();
+  if (budget && !any_after) return;
   const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
   // Equal mode: a connection that cannot be idle before a known time is
@@ -1216,7 +1332,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
       continue;
     }
     const ConnSlotShm& conn = zone_->conn(StateConn(state));
-    const uint64_t after = AnyAfter() ? AfterBytes(conn) : 0;
+    const uint64_t after = any_after ? AfterBytes(conn) : 0;
     if (after > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
@@ -1306,16 +1422,29 @@ bool Governor::CheckZone(int64_t now_ns) {
   if (const uint32_t rules =
           zone_->header().rules_generation.load(std::memory_order_acquire);
       rules != rules_generation_seen_.load(std::memory_order_relaxed)) {
-    if (!options_.rules_path.empty()) ReloadRules();
+    int err = 0;
+    const ReloadStatus status =
+        options_.rules_path.empty() ? kReloadNoFile : ReloadRules(&err);
     // After the new table is published (or the old one kept): connections
     // accepted meanwhile waited for this (RulesStale).
     rules_generation_seen_.store(rules, std::memory_order_release);
+    // What `trafficrate reload` waits for.
+    if (const uint32_t me = watcher_.proc_index();
+        me < zone_->proc_capacity()) {
+      ProcSlotShm& slot = zone_->proc(me);
+      slot.rules_errno.store(static_cast<uint16_t>(err),
+                             std::memory_order_relaxed);
+      slot.rules_status.store(status, std::memory_order_relaxed);
+      slot.rules_seen.store(rules, std::memory_order_release);
+    }
   }
+  FreeRetiredRuleTables(/*force=*/false);
   if (zone_->lock_stalled() && !zone_->RecheckLock()) {
     if (now_ns < next_zone_check_ns_) return true;
   } else {
     stalled_checks_ = 0;
     FinishDeferredReleases();
+    RegisterPending();
     ExpireHandoffs(now_ns);
     if (now_ns < next_zone_check_ns_) return true;
   }
@@ -1376,7 +1505,9 @@ void Governor::PassThroughAll() {
     // Pinned, so that the host cannot close the fd meanwhile (a close
     // clears the state first, then waits for the pin).
     if (!FdTable::TryPin(entry, state, /*wait=*/true)) continue;
-    if (!IsRegisterPending(state)) {
+    // A pending one too: it was paced at its rule's rate (MarkPending). An
+    // inherited socket's group was not: it waits for its first send.
+    if (state == kRegisterPending || !IsRegisterPending(state)) {
       setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
                  sizeof(kUnpaced));
     }

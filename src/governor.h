@@ -81,14 +81,16 @@ struct GovernorOptions : WatcherTiming {
 // A rules file's rules as the accept path reads them, with the zone rule of
 // each (kNoRuleSlot: unlimited, or no zone rule was free) and each zone
 // rule's after. Immutable once published; a reload publishes another and
-// keeps the one before (an accept may still read it), a few KB each, until
-// the Governor is destroyed (tests; the library never destroys it).
+// retires the one before, which the watcher frees once no call is reading
+// a table (Governor::RuleTableRead): a server reloaded in a loop keeps at
+// most the tables that calls in flight still read.
 struct RuleTable {
   std::vector<Rule> rules;
   std::vector<uint32_t> slots;
   uint64_t after_by_rule[kZoneRules] = {};
   uint64_t max_after = 0;
-  const RuleTable* previous = nullptr;
+  // The next older retired table (Governor::retired_rule_tables_).
+  mutable const RuleTable* previous = nullptr;
 };
 
 class Governor {
@@ -211,8 +213,11 @@ class Governor {
   // could not be had (the rules in force stay). Watcher or init only.
   bool InstallRules(const std::vector<Rule>& rules, bool at_start);
   // `trafficrate reload`: reads the file again; on error logs and keeps the
-  // rules in force.
-  void ReloadRules();
+  // rules in force. Returns how it went (*err: the errno of a file it could
+  // not read).
+  ReloadStatus ReloadRules(int* err);
+  // Rule tables replaced by reloads and not freed yet (tests).
+  int RetiredRuleTablesForTesting() const;
   // Whether some rule sends its first bytes unpaced (TRAFFICRATE_AFTER).
   bool AnyAfter() const;
   // A rules file is in use and `trafficrate reload` asked for it to be read
@@ -250,19 +255,29 @@ class Governor {
   int64_t LastSendNs(int fd) const;
 
  private:
-  // inherited: the socket came from the process's parent (an exec'd CGI
-  // helper's stdout); a registration its accepting process made is taken
-  // over, as a forked child's would be, rather than counted twice.
+  // Registers fd's connection; its fd entry must still hold `expected`
+  // then (0, or kRegisterPending from RegisterPending), else the
+  // registration ends at once (the fd was closed meanwhile). inherited: the
+  // socket came from the process's parent (an exec'd CGI helper's stdout);
+  // a registration its accepting process made is taken over, as a forked
+  // child's would be, rather than counted twice.
   void Register(int fd, FdEntry& entry, const ConnKey& key,
                 const uint8_t peer16[16], uint16_t peer_port,
-                bool inherited = false);
+                uint64_t expected = 0, bool inherited = false);
   // A registration that could not be made (zone lock stalled, watcher not
-  // started yet): the fd's next send retries it (RetryRegister).
-  void MarkPending(int fd, FdEntry& entry);
+  // started yet, rules being reloaded): the watcher makes it as soon as it
+  // can (RegisterPending), or the fd's next send (RetryRegister). With its
+  // key known, the socket is paced at its rule's rate meanwhile.
+  void MarkPending(int fd, FdEntry& entry, const ConnKey* key);
+  // The watcher, once the zone lock is free: registers and joins the
+  // connections marked pending, without waiting for their next send.
+  void RegisterPending();
   // Makes fd an fd of this process on connection conn (cookie), whose
-  // registration this process owns now (Register, OnReceivedFds).
-  void Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-             int64_t now_ns);
+  // registration this process owns now (Register, OnReceivedFds), if fd's
+  // entry still holds `expected`; else ends the registration and returns
+  // false.
+  bool Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
+             int64_t now_ns, uint64_t expected);
   // One received fd (OnReceivedFds).
   void ReceiveFd(int fd);
   // pending: the state it had (kRegisterPending, or an inherited socket's
@@ -387,6 +402,9 @@ class Governor {
     std::atomic<int64_t> idle_queued_ns;
     // Budget mode: when the watcher last applied a level to it.
     std::atomic<int64_t> applied_ns;
+    // Budget mode: what the kernel had sent of its socket before this
+    // registration (MeasureConn; kNoKernelBase until its first measurement).
+    std::atomic<uint64_t> kernel_base;
     // Budget mode: whether it sends less than its pacing allows, judged over
     // an interval that began at slow_since_ns (0: none begun) with
     // slow_since_left bytes left, in which its pacing allowed slow_allowed
@@ -410,6 +428,7 @@ class Governor {
                 uint32_t packet_bytes, int64_t now_ns) const;
   // Between measurements: adds what probably left conn's socket since.
   void EstimateConn(const LocalConn& local, ConnSlotShm& conn, int64_t now_ns);
+  static constexpr uint64_t kNoKernelBase = ~uint64_t{0};
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
   // Budget mode, this process's view of each key: the tick in which it
   // last tried to decide it, and the largest packet its connections of the
@@ -455,6 +474,33 @@ class Governor {
   // The watcher's once-a-second look at the zone (CheckZone).
   int64_t next_zone_check_ns_ = 0;
   std::atomic<const RuleTable*> rule_table_{nullptr};
+  // Some fd may be kRegisterPending (MarkPending): RegisterPending looks.
+  std::atomic<bool> pending_maybe_{false};
+  // Calls reading rule_table_ now (RuleTableRead), and the tables reloads
+  // replaced, freed by the watcher once that count is 0 (seq_cst on both
+  // sides: a read that begins after the count was seen 0 holds the newest).
+  mutable std::atomic<int> rule_readers_{0};
+  std::atomic<const RuleTable*> retired_rule_tables_{nullptr};
+  class RuleTableRead {
+   public:
+    explicit RuleTableRead(const Governor& governor) : governor_(governor) {
+      governor_.rule_readers_.fetch_add(1, std::memory_order_seq_cst);
+      table_ = governor_.rule_table_.load(std::memory_order_seq_cst);
+    }
+    ~RuleTableRead() {
+      governor_.rule_readers_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    RuleTableRead(const RuleTableRead&) = delete;
+    RuleTableRead& operator=(const RuleTableRead&) = delete;
+    const RuleTable* table() const { return table_; }
+
+   private:
+    const Governor& governor_;
+    const RuleTable* table_;
+  };
+  // Frees the retired tables if no call reads a table now (or, with force,
+  // at destruction). Watcher (or destructor) only.
+  void FreeRetiredRuleTables(bool force);
   // The zone's rules_generation the rule table answers to (the watcher
   // moves it after each reload); while it lags, accepted connections wait
   // for the reload (RulesStale).

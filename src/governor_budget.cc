@@ -20,6 +20,7 @@
 #include "src/governor.h"
 #include "src/key_budget.h"
 #include "src/share.h"
+#include "src/tcp_counts.h"
 
 namespace trafficrate {
 namespace {
@@ -277,8 +278,23 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   // underestimate, which the next measurement corrects.
   const uint64_t handed = conn.bytes_sent.load(std::memory_order_relaxed);
   if (!FdTable::TryPin(entry, state, /*wait=*/false)) return;
-  const int64_t unsent = Unsent(fd);
-  const uint64_t left = LeftOf(handed, unsent);
+  TcpSendCounts kernel;
+  const bool counted = ReadTcpSendCounts(fd, &kernel);
+  const int64_t unsent =
+      counted ? static_cast<int64_t>(kernel.unsent) : Unsent(fd);
+  uint64_t left = LeftOf(handed, unsent);
+  if (counted) {
+    // What left the socket whoever wrote it (a child running as another
+    // user, which cannot reach the zone, sends bytes this process never
+    // handed), from the bytes the kernel had sent before this registration
+    // (an inherited or passed socket) on.
+    uint64_t base = local.kernel_base.load(std::memory_order_relaxed);
+    if (base == kNoKernelBase) {
+      base = kernel.left > left ? kernel.left - left : 0;
+      local.kernel_base.store(base, std::memory_order_relaxed);
+    }
+    left = std::max(left, kernel.left > base ? kernel.left - base : 0);
+  }
   const uint64_t pace =
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   if (unsent >= 0) {

@@ -89,10 +89,11 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   const ZoneHeaderShm& h = zone.header();
   if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion ||
       !zone.HeaderIntact()) {
-    return Zone::CorruptStatus(zone.name(), "its header changed");
+    return zone.CorruptStatus("its header changed");
   }
   ZoneSnapshot snap;
   snap.name = zone.name();
+  snap.path = zone.path();
   snap.size_bytes = h.zone_size;
   snap.key_spec = zone.key_spec();
   snap.key_capacity = zone.key_capacity();

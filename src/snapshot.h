@@ -117,6 +117,7 @@ struct RuleSnapshot {
 
 struct ZoneSnapshot {
   std::string name;
+  std::string path;  // its file (Zone::path)
   uint64_t size_bytes = 0;
   uint64_t rate_bytes_per_sec = 0;
   ShareMode share_mode = ShareMode::kEqual;

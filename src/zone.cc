@@ -19,14 +19,17 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "src/budget.h"
 #include "src/clock.h"
 #include "src/config.h"
 #include "src/key_budget.h"
 #include "src/siphash.h"
+#include "src/zone_file.h"
 
 namespace trafficrate {
 namespace {
@@ -43,12 +46,14 @@ constexpr SipKey kHeaderChecksumKey = {0x7472616666696372ULL,
 // another process starting at the same time) before giving up.
 constexpr int kReplaceAttempts = 3;
 
-absl::Status CorruptError(const std::string& shm, absl::string_view why) {
+// The error of a zone found corrupt at `path`.
+absl::Status CorruptError(const std::string& path, absl::string_view name,
+                          absl::string_view why) {
   return absl::DataLossError(absl::StrFormat(
-      "zone %s is corrupt (%s); the processes using it pass through unpaced; "
-      "a server started now replaces it, or remove it with `trafficrate rm "
-      "--zone %s`",
-      shm, why, shm.substr(sizeof("/trafficrate.") - 1)));
+      "zone %s (%s) is corrupt (%s); the processes using it pass through "
+      "unpaced; a server started now replaces it, or remove it with "
+      "`trafficrate rm --zone %s`",
+      name, path, why, name));
 }
 
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
@@ -70,7 +75,11 @@ uint64_t Layout(uint32_t n, ZoneGeometry* g) {
   g->conns_offset = AlignUp(g->keys_offset + sizeof(KeySlotShm) * uint64_t{n});
   g->procs_offset =
       AlignUp(g->conns_offset + sizeof(ConnSlotShm) * uint64_t{n});
-  return g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity};
+  g->handoff_capacity = n / 8 > kMinHandoffSlots ? n / 8 : kMinHandoffSlots;
+  g->handoffs_offset = AlignUp(
+      g->procs_offset + sizeof(ProcSlotShm) * uint64_t{g->proc_capacity});
+  return g->handoffs_offset +
+         sizeof(HandoffSlotShm) * uint64_t{g->handoff_capacity};
 }
 
 absl::Status InitRobustMutex(pthread_mutex_t* mutex) {
@@ -128,8 +137,9 @@ uint64_t ZoneHeaderChecksum(const ZoneHeaderShm& h) {
 
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
   ZoneGeometry g;
-  const uint64_t per_unit =
-      sizeof(KeySlotShm) + sizeof(ConnSlotShm) + sizeof(ProcSlotShm) / 4 + 8;
+  const uint64_t per_unit = sizeof(KeySlotShm) + sizeof(ConnSlotShm) +
+                            sizeof(ProcSlotShm) / 4 +
+                            sizeof(HandoffSlotShm) / 8 + 8;
   uint64_t n = (size_bytes - AlignUp(sizeof(ZoneHeaderShm))) / per_unit;
   if (n > (1u << 30)) n = 1u << 30;
   while (n > 1 && Layout(static_cast<uint32_t>(n), &g) > size_bytes) --n;
@@ -149,24 +159,24 @@ std::string DescribeKeySpec(const KeySpec& spec) {
   return absl::StrFormat("peer/%d,%d", spec.v4_prefix, spec.v6_prefix);
 }
 
-std::string ZoneShmName(absl::string_view zone_name) {
-  return absl::StrCat("/trafficrate.", zone_name);
-}
-
-Zone::Zone(std::string name, void* base, size_t size)
+Zone::Zone(std::string name, std::string path, void* base, size_t size)
     : name_(std::move(name)),
+      path_(std::move(path)),
       base_(base),
       size_(size),
       header_(static_cast<ZoneHeaderShm*>(base)),
       key_capacity_(header_->key_capacity),
       conn_capacity_(header_->conn_capacity),
       proc_capacity_(header_->proc_capacity),
+      handoff_capacity_(header_->handoff_capacity),
       bucket_count_(header_->bucket_count) {
   auto* bytes = static_cast<uint8_t*>(base);
   buckets_ = reinterpret_cast<uint32_t*>(bytes + header_->buckets_offset);
   keys_ = reinterpret_cast<KeySlotShm*>(bytes + header_->keys_offset);
   conns_ = reinterpret_cast<ConnSlotShm*>(bytes + header_->conns_offset);
   procs_ = reinterpret_cast<ProcSlotShm*>(bytes + header_->procs_offset);
+  handoffs_ =
+      reinterpret_cast<HandoffSlotShm*>(bytes + header_->handoffs_offset);
 }
 
 Zone::~Zone() { munmap(base_, size_); }
@@ -194,6 +204,8 @@ void InitializeZone(void* base, uint64_t size_bytes,
   h->keys_offset = g.keys_offset;
   h->conns_offset = g.conns_offset;
   h->procs_offset = g.procs_offset;
+  h->handoffs_offset = g.handoffs_offset;
+  h->handoff_capacity = g.handoff_capacity;
   if (getrandom(h->hash_seed, sizeof(h->hash_seed), 0) !=
       static_cast<ssize_t>(sizeof(h->hash_seed))) {
     // getrandom cannot fail for 16 bytes once the pool is ready; fall back to
@@ -231,26 +243,25 @@ void InitializeZone(void* base, uint64_t size_bytes,
 // size and the segment's real size. A zone of another layout version is
 // refused (FailedPrecondition: a running server of that version may use it);
 // anything else that does not hold is corruption (DataLoss).
-absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
-                            uint64_t actual_size) {
+absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& path,
+                            absl::string_view name, uint64_t actual_size) {
   if (h.magic == kZoneMagic && h.layout_version != kZoneLayoutVersion) {
-    absl::string_view name = shm;
-    absl::ConsumePrefix(&name, "/trafficrate.");
     absl::Status status = absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s has layout version %u, this library uses %u (another "
+        "zone %s (%s) has layout version %u, this library uses %u (another "
         "trafficrate version); stop the servers using it, then remove it "
         "with `trafficrate rm --force --zone %s`",
-        shm, h.layout_version, kZoneLayoutVersion, name));
+        name, path, h.layout_version, kZoneLayoutVersion,
+        absl::StrContains(path, "/trafficrate.") ? path : std::string(name)));
     status.SetPayload(kOtherLayoutPayload,
                       absl::Cord(absl::StrCat(h.layout_version)));
     return status;
   }
-  if (h.magic != kZoneMagic) return CorruptError(shm, "bad magic");
+  if (h.magic != kZoneMagic) return CorruptError(path, name, "bad magic");
   if (h.corrupt.load(std::memory_order_acquire) != 0) {
-    return CorruptError(shm, "marked corrupt by a process that used it");
+    return CorruptError(path, name, "marked corrupt by a process that used it");
   }
   if (ZoneHeaderChecksum(h) != h.header_checksum) {
-    return CorruptError(shm, "header checksum mismatch");
+    return CorruptError(path, name, "header checksum mismatch");
   }
   const bool size_ok = h.zone_size >= kMinZoneSize &&
                        h.zone_size <= kMaxZoneSize &&
@@ -265,24 +276,39 @@ absl::Status ValidateHeader(const ZoneHeaderShm& h, const std::string& shm,
       g.key_capacity != h.key_capacity || g.conn_capacity != h.conn_capacity ||
       g.proc_capacity != h.proc_capacity || g.bucket_count != h.bucket_count ||
       g.buckets_offset != h.buckets_offset || g.keys_offset != h.keys_offset ||
-      g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset) {
-    return CorruptError(shm, "inconsistent geometry");
+      g.conns_offset != h.conns_offset || g.procs_offset != h.procs_offset ||
+      g.handoff_capacity != h.handoff_capacity ||
+      g.handoffs_offset != h.handoffs_offset) {
+    return CorruptError(path, name, "inconsistent geometry");
   }
   return absl::OkStatus();
+}
+
+// The zone's name from its path: the file's name, without the "trafficrate."
+// of an earlier version's /dev/shm object.
+std::string NameOfPath(absl::string_view path) {
+  absl::string_view name = path.substr(path.rfind('/') + 1);
+  absl::ConsumePrefix(&name, "trafficrate.");
+  return std::string(name);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
-                                                int fd, uint64_t size_bytes,
+                                                const std::string& path, int fd,
+                                                uint64_t size_bytes,
                                                 bool creator,
                                                 uint64_t rate_bytes_per_sec,
                                                 uint32_t key_spec) {
-  const std::string shm = ZoneShmName(zone_name);
+  if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
+    // Too small to hold a header (an empty file), or too large to be one.
+    return CorruptError(path, zone_name,
+                        absl::StrCat("its size is ", size_bytes, " bytes"));
+  }
   void* base =
       mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", shm));
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", path));
   }
   if (creator) InitializeZone(base, size_bytes, rate_bytes_per_sec, key_spec);
   auto* header = static_cast<ZoneHeaderShm*>(base);
@@ -293,13 +319,14 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
   }
   absl::Status valid =
       header->ready.load(std::memory_order_acquire) == 0
-          ? CorruptError(shm, "never initialized: its creator died?")
-          : ValidateHeader(*header, shm, size_bytes);
+          ? CorruptError(path, zone_name,
+                         "never initialized: its creator died?")
+          : ValidateHeader(*header, path, zone_name, size_bytes);
   if (valid.ok() && key_spec != kAnyKeySpec && header->key_spec != key_spec) {
     valid = absl::FailedPreconditionError(absl::StrFormat(
-        "zone %s groups clients by TRAFFICRATE_KEY=%s, not %s; use another "
-        "TRAFFICRATE_ZONE for another key",
-        shm, DescribeKeySpec(UnpackKeySpec(header->key_spec)),
+        "zone %s (%s) groups clients by TRAFFICRATE_KEY=%s, not %s; use "
+        "another TRAFFICRATE_ZONE for another key",
+        zone_name, path, DescribeKeySpec(UnpackKeySpec(header->key_spec)),
         DescribeKeySpec(UnpackKeySpec(key_spec))));
   }
   if (!valid.ok()) {
@@ -307,101 +334,137 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::Map(absl::string_view zone_name,
     return valid;
   }
   return std::unique_ptr<Zone>(
-      new Zone(std::string(zone_name), base, size_bytes));
+      new Zone(std::string(zone_name), path, base, size_bytes));
 }
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
     absl::string_view zone_name, uint64_t size_bytes,
-    uint64_t rate_bytes_per_sec, const KeySpec& key_spec,
-    bool* replaced_corrupt) {
+    uint64_t rate_bytes_per_sec, const KeySpec& key_spec, ZoneOpenNotes* notes,
+    const ZonePlaces* places) {
   if (size_bytes < kMinZoneSize || size_bytes > kMaxZoneSize) {
     return absl::InvalidArgumentError(
         absl::StrFormat("zone size %u is outside %u..%u", size_bytes,
                         kMinZoneSize, kMaxZoneSize));
   }
-  if (replaced_corrupt != nullptr) *replaced_corrupt = false;
-  const std::string shm = ZoneShmName(zone_name);
+  const ZonePlaces own =
+      places != nullptr ? *places : ZonePlaces::ForUser(geteuid());
+  ZoneOpenNotes local;
   absl::StatusOr<std::unique_ptr<Zone>> zone =
       absl::InternalError("unreachable");
-  for (int attempt = 0; attempt < kReplaceAttempts; ++attempt) {
-    bool creator = true;
-    int fd = shm_open(shm.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && errno == EEXIST) {
-      creator = false;
-      fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+  // Bounded: each turn either ends, or finds a corrupt zone it replaces, or
+  // lost the race to publish a new one to another process starting now.
+  for (int attempt = 0; attempt < 2 * kReplaceAttempts; ++attempt) {
+    ZonePlaceNotes placed;
+    absl::StatusOr<ZoneFile> file = FindZoneFile(own, zone_name, &placed);
+    const bool creator = absl::IsNotFound(file.status());
+    if (creator) file = MakeZoneFile(own, zone_name, size_bytes, &placed);
+    if (!file.ok()) return file.status();
+    local.placement = placed.Line(zone_name);
+    const int64_t size = file->Size();
+    if (!creator && size != static_cast<int64_t>(size_bytes) &&
+        size >= static_cast<int64_t>(kMinZoneSize)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "zone %s (%s) has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; "
+          "use the same size, another TRAFFICRATE_ZONE, or remove it with "
+          "`trafficrate rm --zone %s` once no server uses it",
+          zone_name, file->path(), size, size_bytes, zone_name));
     }
-    if (fd < 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+    zone = Map(zone_name, file->path(), file->fd(),
+               creator ? size_bytes
+                       : static_cast<uint64_t>(std::max<int64_t>(size, 0)),
+               creator, rate_bytes_per_sec, PackKeySpec(key_spec));
+    if (creator && zone.ok()) {
+      const absl::Status published = PublishZoneFile(*file);
+      if (absl::IsAlreadyExists(published)) continue;  // attach theirs
+      if (!published.ok()) return published;
     }
-    absl::Status sized = absl::OkStatus();
-    if (creator) {
-      if (ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
-        sized = absl::ErrnoToStatus(errno, absl::StrCat("ftruncate ", shm));
-        shm_unlink(shm.c_str());
-      }
-    } else {
-      // The creator may not have sized it yet: wait a bounded time.
-      struct stat st {};
-      const int64_t deadline = MonotonicNowNs() + kAttachWaitNs;
-      while (fstat(fd, &st) == 0 && st.st_size == 0 &&
-             MonotonicNowNs() < deadline) {
-        SleepNs(kNsPerMs);
-      }
-      if (static_cast<uint64_t>(st.st_size) != size_bytes) {
-        sized = absl::FailedPreconditionError(absl::StrFormat(
-            "zone %s has size %d but TRAFFICRATE_ZONE_SIZE asks for %u; use "
-            "the same size, another TRAFFICRATE_ZONE, or remove it with "
-            "`rm /dev/shm%s` once no server uses it",
-            shm, st.st_size, size_bytes, shm));
-      }
-    }
-    zone = sized.ok() ? Map(zone_name, fd, size_bytes, creator,
-                            rate_bytes_per_sec, PackKeySpec(key_spec))
-                      : sized;
-    if (creator || !IsCorruptZone(zone.status())) {
-      close(fd);
-      break;
-    }
-    // Corrupt: take its name away (only if it is still the object we
-    // opened, not one another starting server just made) and start afresh.
+    if (creator || !IsCorruptZone(zone.status())) break;
+    // Corrupt: take its name away (only if it is still the file we opened,
+    // not one another starting server just made) and start afresh.
     // Whoever still has it mapped passes through until restarted.
-    struct stat ours {
-    }, named{};
-    const std::string path = absl::StrCat("/dev/shm", shm);
-    if (fstat(fd, &ours) == 0 && stat(path.c_str(), &named) == 0 &&
-        ours.st_dev == named.st_dev && ours.st_ino == named.st_ino) {
-      shm_unlink(shm.c_str());
-    }
-    close(fd);
-    if (replaced_corrupt != nullptr) *replaced_corrupt = true;
+    (void)RemoveZoneFileIfSame(*file);
+    local.replaced_corrupt = true;
   }
   if (zone.ok() &&
       (*zone)->header().rate_bytes_per_sec.load() != rate_bytes_per_sec) {
     (*zone)->SetRate(rate_bytes_per_sec);
   }
+  if (zone.ok()) {
+    struct stat st {};
+    const std::string legacy = LegacyZonePath(own, zone_name);
+    if (lstat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        st.st_uid == own.uid) {
+      local.legacy_path = legacy;
+    }
+  }
+  if (notes != nullptr) *notes = std::move(local);
   return zone;
 }
 
-absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(
-    absl::string_view zone_name) {
-  const std::string shm = ZoneShmName(zone_name);
-  const int fd = shm_open(shm.c_str(), O_RDWR | O_CLOEXEC, 0);
+absl::StatusOr<std::string> Zone::Locate(absl::string_view zone_name,
+                                         const ZonePlaces* places) {
+  if (absl::StartsWith(zone_name, "/")) return std::string(zone_name);
+  const ZonePlaces own =
+      places != nullptr ? *places : ZonePlaces::ForUser(geteuid());
+  absl::StatusOr<ZoneFile> file = FindZoneFile(own, zone_name);
+  if (file.ok()) return file->path();
+  if (!absl::IsNotFound(file.status())) return file.status();
+  const std::vector<std::string> found = FindZoneFilesOfAnyUser(own, zone_name);
+  if (found.size() == 1) return found[0];
+  if (found.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "zone %s exists for several users (%s); name one with --zone PATH",
+        zone_name, absl::StrJoin(found, ", ")));
+  }
+  const std::string legacy = LegacyZonePath(own, zone_name);
+  struct stat st {};
+  if (lstat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return legacy;
+  std::string where = absl::StrJoin(own.dirs, ", ");
+  if (own.uid != 0) {
+    absl::StrAppend(&where,
+                    "; a server running as root keeps its zones where "
+                    "only root can read them: run this as root");
+  }
+  return absl::NotFoundError(absl::StrFormat(
+      "no zone %s (no server with TRAFFICRATE_ZONE=%s has started as user %s; "
+      "looked in %s)",
+      zone_name, zone_name, DescribeUser(own.uid), where));
+}
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::AttachPath(
+    const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) {
-      return absl::NotFoundError(absl::StrFormat(
-          "no zone %s (no server with TRAFFICRATE_ZONE=%s has started)", shm,
-          zone_name));
+    const int err = errno;
+    if (err == ENOENT)
+      return absl::NotFoundError(absl::StrCat("no zone ", path));
+    if (err == EACCES) {
+      struct stat st {};
+      const uid_t owner = stat(path.c_str(), &st) == 0 ? st.st_uid : 0;
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "zone %s is owned by user %s: run this as that user or as root", path,
+          DescribeUser(owner)));
     }
-    return absl::ErrnoToStatus(errno, absl::StrCat("shm_open ", shm));
+    return absl::ErrnoToStatus(err, absl::StrCat("open ", path));
   }
   struct stat st {};
   absl::StatusOr<std::unique_ptr<Zone>> zone =
       fstat(fd, &st) != 0
-          ? absl::ErrnoToStatus(errno, absl::StrCat("fstat ", shm))
-          : Map(zone_name, fd, static_cast<uint64_t>(st.st_size),
+          ? absl::ErrnoToStatus(errno, absl::StrCat("fstat ", path))
+      : !S_ISREG(st.st_mode)
+          ? absl::FailedPreconditionError(
+                absl::StrCat(path, " is not a zone: not a regular file"))
+          : Map(NameOfPath(path), path, fd, static_cast<uint64_t>(st.st_size),
                 /*creator=*/false, 0, kAnyKeySpec);
   close(fd);
   return zone;
+}
+
+absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(absl::string_view zone_name,
+                                                   const ZonePlaces* places) {
+  absl::StatusOr<std::string> path = Locate(zone_name, places);
+  if (!path.ok()) return path.status();
+  return AttachPath(*path);
 }
 
 bool Zone::IsCorruptZone(const absl::Status& status) {
@@ -426,9 +489,8 @@ bool Zone::CheckHeader() {
   return false;
 }
 
-absl::Status Zone::CorruptStatus(absl::string_view zone_name,
-                                 absl::string_view why) {
-  return CorruptError(ZoneShmName(zone_name), why);
+absl::Status Zone::CorruptStatus(absl::string_view why) const {
+  return CorruptError(path_, name_, why);
 }
 
 void Zone::ForgetCorruptionForTesting() {
@@ -455,10 +517,18 @@ bool Zone::RecheckLock() {
   return lock.ok();
 }
 
-absl::Status Zone::Unlink(absl::string_view zone_name) {
-  const std::string shm = ZoneShmName(zone_name);
-  if (shm_unlink(shm.c_str()) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("shm_unlink ", shm));
+absl::Status Zone::Unlink(absl::string_view zone_name,
+                          const ZonePlaces* places) {
+  const ZonePlaces own =
+      places != nullptr ? *places : ZonePlaces::ForUser(geteuid());
+  absl::StatusOr<ZoneFile> file = FindZoneFile(own, zone_name);
+  if (!file.ok()) return file.status();
+  return RemoveZoneFileIfSame(*file);
+}
+
+absl::Status Zone::UnlinkPath(const std::string& path) {
+  if (unlink(path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("unlink ", path));
   }
   return absl::OkStatus();
 }
@@ -717,7 +787,21 @@ namespace {
 // sender's watcher expires its own after 2 s.
 constexpr int64_t kHandoffStaleNs = 10 * kNsPerSec;
 
-void ClearHandoff(HandoffSlotShm& slot) {
+}  // namespace
+
+void Zone::ClearHandoffLocked(uint32_t index) {
+  HandoffSlotShm& slot = handoffs_[index];
+  const uint32_t conn = slot.conn.load(std::memory_order_relaxed);
+  if (conn < conn_capacity() &&
+      conns_[conn].handoff.load(std::memory_order_relaxed) == index + 1) {
+    conns_[conn].handoff.store(0, std::memory_order_relaxed);
+  }
+  if (slot.inode.load(std::memory_order_relaxed) != 0) {
+    const uint32_t pending =
+        header_->handoffs_pending.load(std::memory_order_relaxed);
+    header_->handoffs_pending.store(pending > 0 ? pending - 1 : 0,
+                                    std::memory_order_relaxed);
+  }
   slot.inode.store(0, std::memory_order_relaxed);
   slot.conn.store(kNoSlot, std::memory_order_relaxed);
   slot.cookie.store(0, std::memory_order_relaxed);
@@ -725,16 +809,15 @@ void ClearHandoff(HandoffSlotShm& slot) {
   slot.since_ns.store(0, std::memory_order_relaxed);
 }
 
-}  // namespace
-
 bool Zone::PublishHandoffLocked(uint64_t inode, uint32_t conn, uint32_t cookie,
                                 uint32_t proc, int64_t now_ns) {
   if (inode == 0 || conn >= conn_capacity()) return false;
-  HandoffSlotShm* free_slot = nullptr;
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  uint32_t free_slot = kNoSlot;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    HandoffSlotShm& slot = handoffs_[i];
     const uint64_t held = slot.inode.load(std::memory_order_relaxed);
     if (held == inode) {  // passed again (to another process, or onward)
-      free_slot = &slot;
+      free_slot = i;
       break;
     }
     // Free, or beyond any use: no process of the zone would ever clear it
@@ -746,24 +829,37 @@ bool Zone::PublishHandoffLocked(uint64_t inode, uint32_t conn, uint32_t cookie,
         slot.proc.load(std::memory_order_relaxed) >= proc_capacity() ||
         slot.conn.load(std::memory_order_relaxed) >= conn_capacity() ||
         since > now_ns + kHandoffStaleNs || since < now_ns - kHandoffStaleNs;
-    if (stale && free_slot == nullptr) free_slot = &slot;
+    if (stale && free_slot == kNoSlot) free_slot = i;
   }
-  if (free_slot == nullptr) return false;
-  free_slot->conn.store(conn, std::memory_order_relaxed);
-  free_slot->cookie.store(cookie, std::memory_order_relaxed);
-  free_slot->proc.store(proc, std::memory_order_relaxed);
-  free_slot->since_ns.store(now_ns, std::memory_order_relaxed);
-  free_slot->inode.store(inode, std::memory_order_release);
+  if (free_slot == kNoSlot) return false;
+  ClearHandoffLocked(free_slot);
+  HandoffSlotShm& slot = handoffs_[free_slot];
+  slot.conn.store(conn, std::memory_order_relaxed);
+  slot.cookie.store(cookie, std::memory_order_relaxed);
+  slot.proc.store(proc, std::memory_order_relaxed);
+  slot.since_ns.store(now_ns, std::memory_order_relaxed);
+  // A connection passed on before it was received keeps only its newest
+  // handoff.
+  const uint32_t before = conns_[conn].handoff.load(std::memory_order_relaxed);
+  if (before != 0 && before - 1 < handoff_capacity() &&
+      before - 1 != free_slot &&
+      handoffs_[before - 1].conn.load(std::memory_order_relaxed) == conn) {
+    ClearHandoffLocked(before - 1);
+  }
+  conns_[conn].handoff.store(free_slot + 1, std::memory_order_relaxed);
+  header_->handoffs_pending.fetch_add(1, std::memory_order_relaxed);
+  slot.inode.store(inode, std::memory_order_release);
   return true;
 }
 
 uint32_t Zone::TakeHandoffLocked(uint64_t inode, uint32_t* cookie) {
   if (inode == 0) return kNoSlot;
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    HandoffSlotShm& slot = handoffs_[i];
     if (slot.inode.load(std::memory_order_relaxed) != inode) continue;
     const uint32_t conn = slot.conn.load(std::memory_order_relaxed);
     const uint32_t passed = slot.cookie.load(std::memory_order_relaxed);
-    ClearHandoff(slot);
+    ClearHandoffLocked(i);
     if (conn >= conn_capacity()) return kNoSlot;
     const uint32_t seq = conns_[conn].seq.load(std::memory_order_relaxed);
     // Ended meanwhile (reaped, or expired by its sender): nothing to take.
@@ -775,10 +871,11 @@ uint32_t Zone::TakeHandoffLocked(uint64_t inode, uint32_t* cookie) {
 }
 
 void Zone::WithdrawHandoffLocked(uint64_t inode, uint32_t proc) {
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    const HandoffSlotShm& slot = handoffs_[i];
     if (inode != 0 && slot.inode.load(std::memory_order_relaxed) == inode &&
         slot.proc.load(std::memory_order_relaxed) == proc) {
-      ClearHandoff(slot);
+      ClearHandoffLocked(i);
     }
   }
 }
@@ -790,24 +887,28 @@ bool Zone::HandoffPendingLocked(uint32_t conn, uint32_t cookie) const {
 uint32_t Zone::ExpireHandoffsLocked(uint32_t proc, int64_t before_ns,
                                     uint64_t* out, uint32_t max) {
   uint32_t n = 0;
-  for (HandoffSlotShm& slot : header_->handoffs) {
+  for (uint32_t i = 0; i < handoff_capacity() && n < max; ++i) {
+    const HandoffSlotShm& slot = handoffs_[i];
     if (slot.inode.load(std::memory_order_relaxed) == 0 ||
         slot.proc.load(std::memory_order_relaxed) != proc ||
         slot.since_ns.load(std::memory_order_relaxed) >= before_ns) {
       continue;
     }
-    if (n < max) {
-      out[n++] = uint64_t{slot.conn.load(std::memory_order_relaxed)} << 32 |
-                 slot.cookie.load(std::memory_order_relaxed);
-    }
-    ClearHandoff(slot);
+    out[n++] = uint64_t{slot.conn.load(std::memory_order_relaxed)} << 32 |
+               slot.cookie.load(std::memory_order_relaxed);
+    ClearHandoffLocked(i);
   }
   return n;
 }
 
+bool Zone::AnyHandoffs() const {
+  return header_->handoffs_pending.load(std::memory_order_acquire) != 0;
+}
+
 bool Zone::MayHaveHandoff(uint64_t inode) const {
-  for (const HandoffSlotShm& slot : header_->handoffs) {
-    if (inode != 0 && slot.inode.load(std::memory_order_acquire) == inode) {
+  if (inode == 0 || !AnyHandoffs()) return false;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    if (handoffs_[i].inode.load(std::memory_order_acquire) == inode) {
       return true;
     }
   }
@@ -815,7 +916,9 @@ bool Zone::MayHaveHandoff(uint64_t inode) const {
 }
 
 bool Zone::HasOldHandoffs(uint32_t proc, int64_t before_ns) const {
-  for (const HandoffSlotShm& slot : header_->handoffs) {
+  if (!AnyHandoffs()) return false;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    const HandoffSlotShm& slot = handoffs_[i];
     if (slot.inode.load(std::memory_order_relaxed) != 0 &&
         slot.proc.load(std::memory_order_relaxed) == proc &&
         slot.since_ns.load(std::memory_order_relaxed) < before_ns) {
@@ -826,14 +929,13 @@ bool Zone::HasOldHandoffs(uint32_t proc, int64_t before_ns) const {
 }
 
 bool Zone::MayBeHandedOff(uint32_t conn, uint32_t cookie) const {
-  for (const HandoffSlotShm& slot : header_->handoffs) {
-    if (slot.inode.load(std::memory_order_relaxed) != 0 &&
-        slot.conn.load(std::memory_order_relaxed) == conn &&
-        slot.cookie.load(std::memory_order_relaxed) == cookie) {
-      return true;
-    }
-  }
-  return false;
+  if (conn >= conn_capacity()) return false;
+  const uint32_t h = conns_[conn].handoff.load(std::memory_order_relaxed);
+  if (h == 0 || h - 1 >= handoff_capacity()) return false;
+  const HandoffSlotShm& slot = handoffs_[h - 1];
+  return slot.inode.load(std::memory_order_relaxed) != 0 &&
+         slot.conn.load(std::memory_order_relaxed) == conn &&
+         slot.cookie.load(std::memory_order_relaxed) == cookie;
 }
 
 uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns, HeldMutex* liveness,
@@ -889,6 +991,10 @@ uint32_t Zone::ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
     p.watcher_cpu.store(0, std::memory_order_relaxed);
     p.watcher_stretch.store(0, std::memory_order_relaxed);
     p.started_ns = now_ns;
+    p.uid.store(static_cast<uint32_t>(geteuid()), std::memory_order_relaxed);
+    p.rules_seen.store(0, std::memory_order_relaxed);
+    p.rules_status.store(kReloadNone, std::memory_order_relaxed);
+    p.rules_errno.store(0, std::memory_order_relaxed);
     p.state.store(kProcLive, std::memory_order_release);
     if (header_->procs_high_water.load(std::memory_order_relaxed) <= i) {
       header_->procs_high_water.store(i + 1, std::memory_order_release);
@@ -923,9 +1029,9 @@ bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {
     }
   }
   // Its sockets passed and not yet received: their connections are gone.
-  for (HandoffSlotShm& slot : header_->handoffs) {
-    if (slot.proc.load(std::memory_order_relaxed) == proc_index) {
-      ClearHandoff(slot);
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    if (handoffs_[i].proc.load(std::memory_order_relaxed) == proc_index) {
+      ClearHandoffLocked(i);
     }
   }
   p.pid.store(0, std::memory_order_relaxed);
@@ -1038,6 +1144,11 @@ void Zone::RepairLocked() {
     k.next = header_->key_free_head;
     header_->key_free_head = n;
   }
+  uint32_t pending = 0;
+  for (uint32_t i = 0; i < handoff_capacity(); ++i) {
+    pending += handoffs_[i].inode.load(std::memory_order_relaxed) != 0;
+  }
+  header_->handoffs_pending.store(pending, std::memory_order_relaxed);
   header_->lock_repairs.fetch_add(1, std::memory_order_relaxed);
 }
 

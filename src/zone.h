@@ -1,6 +1,8 @@
-// The shared zone: a POSIX shared memory object /trafficrate.<zone> that every
-// process of a server maps, holding one count per client key, one slot per
-// governed connection and one per process (see zone_layout.h).
+// The shared zone: a file in a directory of its user's own (zone_file.h:
+// /run/trafficrate/<zone> for root, /dev/shm/trafficrate-UID/<zone> for
+// others) that every process of a server maps, holding one count per client
+// key, one slot per governed connection and one per process (see
+// zone_layout.h).
 //
 //   TRAFFICRATE_ASSIGN_OR_RETURN(std::unique_ptr<Zone> zone,
 //                                Zone::OpenOrCreate("default", 1 << 20, rate));
@@ -70,10 +72,12 @@ struct ZoneGeometry {
   uint32_t key_capacity = 0;
   uint32_t conn_capacity = 0;
   uint32_t proc_capacity = 0;
+  uint32_t handoff_capacity = 0;
   uint64_t buckets_offset = 0;
   uint64_t keys_offset = 0;
   uint64_t conns_offset = 0;
   uint64_t procs_offset = 0;
+  uint64_t handoffs_offset = 0;
 };
 
 inline constexpr uint64_t kMinZoneSize = 64 * 1024;
@@ -96,33 +100,61 @@ std::string DescribeKeySpec(const KeySpec& spec);
 // The checksum of a header's immutable part (ZoneHeaderShm::header_checksum).
 uint64_t ZoneHeaderChecksum(const ZoneHeaderShm& header);
 
-// "/trafficrate.<name>", the shm_open name of a zone.
-std::string ZoneShmName(absl::string_view zone_name);
+struct ZonePlaces;
+
+// What Zone::OpenOrCreate found on its way, for the lines a server logs.
+struct ZoneOpenNotes {
+  // A corrupt zone of that name was replaced by a fresh one.
+  bool replaced_corrupt = false;
+  // Not empty when the zone's usual place was taken by something not the
+  // user's own: the line that says what, and where the zone lives instead
+  // (ZonePlaceNotes::Line).
+  std::string placement;
+  // A file of this user at an earlier version's place for the zone
+  // (/dev/shm/trafficrate.NAME): servers still running that version use
+  // it, not this zone.
+  std::string legacy_path;
+};
 
 class Zone {
  public:
-  // Creates the zone if it does not exist (size_bytes, live rate set to
+  // Creates the zone of the calling user (geteuid; or of `places`) if it
+  // does not exist (size_bytes reserved, live rate set to
   // rate_bytes_per_sec, keys built with key_spec), or attaches to it. An
   // existing zone must have the same layout version, size and key spec, else
-  // FailedPreconditionError naming it.
+  // FailedPreconditionError naming it. Too little room for a new zone is
+  // ResourceExhausted (zone_file.h), never a SIGBUS.
   // An existing zone's live rate is set to rate_bytes_per_sec when it differs
   // (the last server started with a rate wins; `trafficrate set` changes it).
-  static absl::StatusOr<std::unique_ptr<Zone>> OpenOrCreate(
-      absl::string_view zone_name, uint64_t size_bytes,
-      uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec(),
-      bool* replaced_corrupt = nullptr);
-
   // An existing zone found corrupt (its header checksum does not match, or a
   // process marked it so) is replaced by a fresh one: the processes still
   // using the old one pass through until they restart.
-  //
-  // Attaches to an existing zone of any size (for the CLI). NotFoundError if
-  // there is none; DataLossError if it is corrupt (IsCorruptZone).
-  static absl::StatusOr<std::unique_ptr<Zone>> Attach(
-      absl::string_view zone_name);
+  static absl::StatusOr<std::unique_ptr<Zone>> OpenOrCreate(
+      absl::string_view zone_name, uint64_t size_bytes,
+      uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec(),
+      ZoneOpenNotes* notes = nullptr, const ZonePlaces* places = nullptr);
 
-  // Removes the name; processes that have it mapped keep using it.
-  static absl::Status Unlink(absl::string_view zone_name);
+  // Where the CLI finds zone `zone_name` (a path, starting with '/', is
+  // taken as it is): the calling user's own zone; for
+  // root, else the one other user's of that name (several: an error naming
+  // their paths); else an earlier version's /dev/shm/trafficrate.NAME.
+  // NotFoundError, saying where it looked, if there is none.
+  static absl::StatusOr<std::string> Locate(absl::string_view zone_name,
+                                            const ZonePlaces* places = nullptr);
+  // Attaches to an existing zone of any size (for the CLI): Locate, then
+  // AttachPath. NotFoundError if there is none; DataLossError if it is
+  // corrupt (IsCorruptZone).
+  static absl::StatusOr<std::unique_ptr<Zone>> Attach(
+      absl::string_view zone_name, const ZonePlaces* places = nullptr);
+  // Attaches to the zone file at `path` (never through a symlink).
+  static absl::StatusOr<std::unique_ptr<Zone>> AttachPath(
+      const std::string& path);
+
+  // Removes the calling user's zone of that name (or of `places`); processes
+  // that have it mapped keep using it.
+  static absl::Status Unlink(absl::string_view zone_name,
+                             const ZonePlaces* places = nullptr);
+  static absl::Status UnlinkPath(const std::string& path);
 
   // Whether an Attach or OpenOrCreate error means the zone is corrupt.
   static bool IsCorruptZone(const absl::Status& status);
@@ -137,12 +169,15 @@ class Zone {
 
   ZoneHeaderShm& header() const { return *header_; }
   const std::string& name() const { return name_; }
+  // Where its file was when it was mapped.
+  const std::string& path() const { return path_; }
   // The geometry, as validated when the zone was mapped: a copy private to
   // the process, so that nothing written into the zone afterwards (a bug,
   // a stray write, an attack) can move an index out of the mapping.
   uint32_t key_capacity() const { return key_capacity_; }
   uint32_t conn_capacity() const { return conn_capacity_; }
   uint32_t proc_capacity() const { return proc_capacity_; }
+  uint32_t handoff_capacity() const { return handoff_capacity_; }
   // The TRAFFICRATE_KEY the zone's keys were built with.
   KeySpec key_spec() const;
 
@@ -150,6 +185,7 @@ class Zone {
   KeySlotShm& key(uint32_t index) const { return keys_[index]; }
   ConnSlotShm& conn(uint32_t index) const { return conns_[index]; }
   ProcSlotShm& proc(uint32_t index) const { return procs_[index]; }
+  HandoffSlotShm& handoff(uint32_t index) const { return handoffs_[index]; }
 
   // The mapping, for HeldMutex.
   const void* base() const { return base_; }
@@ -196,12 +232,15 @@ class Zone {
   void WithdrawHandoffLocked(uint64_t inode, uint32_t proc);
   // Whether connection conn (cookie) is passed and not yet received.
   bool HandoffPendingLocked(uint32_t conn, uint32_t cookie) const;
-  // Removes proc's handoffs made before before_ns; stores up to `max` of
-  // them as (conn << 32 | cookie) in out. Returns how many it stored.
+  // Removes up to `max` of proc's handoffs made before before_ns, storing
+  // each as (conn << 32 | cookie) in out (the rest stay for another call).
+  // Returns how many it removed.
   uint32_t ExpireHandoffsLocked(uint32_t proc, int64_t before_ns, uint64_t* out,
                                 uint32_t max);
-  // Lock-free peeks: whether a handoff of `inode` may be waiting; whether
+  // Lock-free peeks: whether any handoff is pending at all (a bound that
+  // skips the others); whether a handoff of `inode` may be waiting; whether
   // proc has one made before before_ns; whether conn (cookie) may be passed.
+  bool AnyHandoffs() const;
   bool MayHaveHandoff(uint64_t inode) const;
   bool HasOldHandoffs(uint32_t proc, int64_t before_ns) const;
   bool MayBeHandedOff(uint32_t conn, uint32_t cookie) const;
@@ -299,8 +338,7 @@ class Zone {
   // The same look without marking anything (the CLI, snapshots).
   bool HeaderIntact() const;
   // The error a corrupt zone gets (DataLoss), saying what to do about it.
-  static absl::Status CorruptStatus(absl::string_view zone_name,
-                                    absl::string_view why);
+  absl::Status CorruptStatus(absl::string_view why) const;
   // Marks the zone corrupt for every process (see CheckHeader); `why` (a
   // string literal) is what this process found.
   void MarkCorrupt(const char* why);
@@ -348,13 +386,16 @@ class Zone {
   uint32_t ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
                                HeldMutex* liveness);
   // REQUIRES: base holds a validated zone of `size` bytes.
-  Zone(std::string name, void* base, size_t size);
+  Zone(std::string name, std::string path, void* base, size_t size);
   static absl::StatusOr<std::unique_ptr<Zone>> Map(absl::string_view zone_name,
+                                                   const std::string& path,
                                                    int fd, uint64_t size_bytes,
                                                    bool creator,
                                                    uint64_t rate_bytes_per_sec,
                                                    uint32_t key_spec);
   void UnlinkKeyLocked(uint32_t key_index);
+  // Frees handoff slot `index` (and its connection's mark of it).
+  void ClearHandoffLocked(uint32_t index);
   // Budget mode: a join or leave sets the key's level at once
   // (LevelAfterMembershipChange), before the next tick.
   void AdjustLevelLocked(KeySlotShm& key, uint32_t before, uint32_t after);
@@ -363,6 +404,7 @@ class Zone {
   void DropUnderPace(ConnSlotShm& conn);
 
   std::string name_;
+  std::string path_;
   void* base_;
   size_t size_;
   ZoneHeaderShm* header_;
@@ -370,11 +412,13 @@ class Zone {
   uint32_t key_capacity_;
   uint32_t conn_capacity_;
   uint32_t proc_capacity_;
+  uint32_t handoff_capacity_;
   uint32_t bucket_count_;  // a power of two
   uint32_t* buckets_;
   KeySlotShm* keys_;
   ConnSlotShm* conns_;
   ProcSlotShm* procs_;
+  HandoffSlotShm* handoffs_;
   friend class ZoneLock;
   std::atomic<bool> corrupt_{false};
   std::atomic<const char*> corrupt_why_{nullptr};

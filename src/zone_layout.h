@@ -7,6 +7,7 @@
 // tests/zone_layout_test.cc pins the sizes and offsets.
 //
 //   header | bucket heads (uint32) | key slots | connection slots | proc slots
+//          | handoff slots
 //
 // Keys:        one slot per client key, chained from a bucket array hashed with
 //              SipHash and a per-zone random seed.
@@ -14,6 +15,8 @@
 //              source of truth from which key counts can be rebuilt.
 // Processes:   one slot per process that owns connections, with a robust
 //              mutex its watcher thread holds for life (the liveness token).
+// Handoffs:    one slot per governed socket passed to another process and
+//              not yet received (an eighth of the connection slots).
 
 #ifndef TRAFFICRATE_SRC_ZONE_LAYOUT_H_
 #define TRAFFICRATE_SRC_ZONE_LAYOUT_H_
@@ -28,7 +31,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 9;
+inline constexpr uint32_t kZoneLayoutVersion = 10;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -94,7 +97,9 @@ struct ConnSlotShm {
   // by whoever takes it out of its key (zone.cc: an exchange decides who
   // takes it off the count).
   std::atomic<uint16_t> under_pace;
-  uint32_t reserved1;
+  // Its socket passed to another process and not yet received: the index
+  // of that handoff slot + 1 (0: none). Under the zone lock.
+  std::atomic<uint32_t> handoff;
   // Of bytes_sent, how many had left the socket when its owner last looked
   // (budget mode). Only the owner writes it.
   std::atomic<uint64_t> bytes_left;
@@ -106,7 +111,8 @@ struct ConnSlotShm {
 // A governed connection's socket passed to another process (sendmsg with
 // SCM_RIGHTS) and not yet received: the receiver finds it by the socket's
 // inode and takes the registration over. All fields are written under the
-// zone lock; a receiver peeks at `inode` without it.
+// zone lock; a receiver peeks at `inode` without it. The table has a slot
+// for every eighth connection slot, at least kMinHandoffSlots.
 struct HandoffSlotShm {
   std::atomic<uint64_t> inode;   // the socket's st_ino; 0: free
   std::atomic<uint32_t> conn;    // connection slot
@@ -115,7 +121,7 @@ struct HandoffSlotShm {
   uint32_t reserved;
   std::atomic<int64_t> since_ns;  // CLOCK_MONOTONIC when passed
 };
-inline constexpr uint32_t kHandoffSlots = 32;
+inline constexpr uint32_t kMinHandoffSlots = 32;
 
 // One rule of the zone (rules_file.h): its name and live settings. A key's
 // rule is byte kKeyRuleByte of its key bytes. Rule 0's rate, key and burst
@@ -172,6 +178,16 @@ struct ClusterShm {
 
 enum ProcState : uint32_t { kProcFree = 0, kProcLive = 1 };
 
+// How a process took the last `trafficrate reload` (ProcSlotShm).
+enum ReloadStatus : uint16_t {
+  kReloadNone = 0,        // none handled yet
+  kReloadOk = 1,          // read and installed
+  kReloadNoFile = 2,      // it has no rules file (TRAFFICRATE_CONFIG unset)
+  kReloadUnreadable = 3,  // it could not read it (rules_errno says why)
+  kReloadInvalid = 4,     // the file is not a valid rules file
+  kReloadBusy = 5,        // the zone lock stayed busy
+};
+
 struct ProcSlotShm {
   pthread_mutex_t liveness;     // robust; held by the owner's watcher
   std::atomic<uint32_t> state;  // ProcState
@@ -184,6 +200,15 @@ struct ProcSlotShm {
   std::atomic<uint16_t> watcher_cpu;
   std::atomic<uint16_t> watcher_stretch;
   int64_t started_ns;  // CLOCK_MONOTONIC
+  // The effective uid the process runs as (who may read its rules file).
+  std::atomic<uint32_t> uid;
+  // The last rules_generation its watcher handled, and how (ReloadStatus,
+  // with the errno of a file it could not read): `trafficrate reload`
+  // waits for them and says what each process did.
+  std::atomic<uint32_t> rules_seen;
+  std::atomic<uint16_t> rules_status;
+  std::atomic<uint16_t> rules_errno;
+  uint32_t reserved;
 };
 
 struct ZoneHeaderShm {
@@ -203,6 +228,9 @@ struct ZoneHeaderShm {
   uint64_t keys_offset;
   uint64_t conns_offset;
   uint64_t procs_offset;
+  uint64_t handoffs_offset;
+  uint32_t handoff_capacity;
+  uint32_t reserved_geometry;
   uint64_t hash_seed[2];
   std::atomic<uint32_t> ready;        // 1 once the creator filled the zone
   std::atomic<uint32_t> change_word;  // futex: bumped on every change
@@ -238,9 +266,9 @@ struct ZoneHeaderShm {
   // Bumped by `trafficrate reload`: every process re-reads its rules file
   // (TRAFFICRATE_CONFIG) for the connections it accepts from then on.
   std::atomic<uint32_t> rules_generation;
-  uint8_t reserved1[64];
-  // Sockets passed between processes and not yet received.
-  HandoffSlotShm handoffs[kHandoffSlots];
+  // Handoff slots in use (a bound for the lock-free peeks: 0 skips them).
+  std::atomic<uint32_t> handoffs_pending;
+  uint8_t reserved1[60];
   RuleSlotShm rules[kZoneRules];
   // Fleet sharing through Redis (cluster_agent.h).
   ClusterShm cluster;
@@ -254,7 +282,7 @@ static_assert(std::is_standard_layout_v<KeySlotShm> &&
 static_assert(std::is_standard_layout_v<ConnSlotShm> &&
               sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&
-              sizeof(ProcSlotShm) == 64);
+              sizeof(ProcSlotShm) == 80);
 static_assert(std::is_standard_layout_v<HandoffSlotShm> &&
               sizeof(HandoffSlotShm) == 32);
 static_assert(std::is_standard_layout_v<RuleSlotShm> &&
@@ -262,7 +290,7 @@ static_assert(std::is_standard_layout_v<RuleSlotShm> &&
 static_assert(std::is_standard_layout_v<ClusterShm> &&
               sizeof(ClusterShm) == 352);
 static_assert(std::is_standard_layout_v<ZoneHeaderShm> &&
-              sizeof(ZoneHeaderShm) == 2720);
+              sizeof(ZoneHeaderShm) == 1712);
 
 }  // namespace trafficrate
 

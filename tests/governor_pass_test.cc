@@ -238,9 +238,10 @@ TEST_F(GovernorPassTest, FailedSendWithdrawsTheHandoff) {
     if (::send(unix_[0], junk.data(), junk.size(), MSG_DONTWAIT) < 0) break;
   }
   ASSERT_LT(Pass(c.server, MSG_DONTWAIT), 0);
-  for (const HandoffSlotShm& slot : zone_->header().handoffs) {
-    EXPECT_EQ(slot.inode.load(), 0u) << "withdrawn";
+  for (uint32_t i = 0; i < zone_->handoff_capacity(); ++i) {
+    EXPECT_EQ(zone_->handoff(i).inode.load(), 0u) << "withdrawn";
   }
+  EXPECT_FALSE(zone_->AnyHandoffs());
   CloseServer(c.server);
   EXPECT_EQ(ConnsUsed(), 0u) << "the sender's close ends it as usual";
 }

@@ -161,5 +161,30 @@ TEST_F(GovernorRulesTest, ReloadReadsTheFileAgainForNewConnections) {
   unlink(path.c_str());
 }
 
+TEST_F(GovernorRulesTest, TablesReplacedByReloadsAreFreed) {
+  const std::string path = absl::StrCat(::testing::TempDir(),
+                                        "/governor_rules_test.loop.", getpid());
+  std::ofstream(path) << "[main]\nrate = 1000000\n";
+  absl::StatusOr<RulesFile> file = ReadRulesFile(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  StartGovernor(FileOptions(path, file->rules));
+  // A deploy loop: 200 reloads, a connection accepted between each.
+  for (int i = 0; i < 200; ++i) {
+    zone_->header().rules_generation.fetch_add(1);
+    ASSERT_TRUE(gov_->CheckZone(MonotonicNowNs()));
+    if (i % 50 == 0) {
+      const Conn c = Open("127.0.0.2");
+      EXPECT_EQ(Send(c.server), 100);
+      EXPECT_EQ(RuleOfConn(*zone_, KeyIndex(c.server)), 0u);
+    }
+  }
+  // Freed at the next look with no call reading a table (the watcher reads
+  // them too: stopped, so that none does now).
+  gov_->StopWatcher();
+  EXPECT_TRUE(gov_->CheckZone(MonotonicNowNs()));
+  EXPECT_EQ(gov_->RetiredRuleTablesForTesting(), 0);
+  unlink(path.c_str());
+}
+
 }  // namespace
 }  // namespace trafficrate

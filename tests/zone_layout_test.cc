@@ -15,7 +15,8 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 9u);
+  EXPECT_EQ(kZoneLayoutVersion, 10u);
+  EXPECT_EQ(kMinHandoffSlots, 32u);
   EXPECT_EQ(kClusterTextBytes, 96u);
   EXPECT_EQ(kZoneRules, 16u);
   EXPECT_EQ(kRuleNameBytes, 32u);
@@ -29,7 +30,7 @@ TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
 }
 
 TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ZoneHeaderShm), 2720u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm), 1712u);
   EXPECT_EQ(alignof(ZoneHeaderShm), 8u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, magic), 0u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, layout_version), 8u);
@@ -47,36 +48,37 @@ TEST(ZoneLayoutTest, ZoneHeaderShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ZoneHeaderShm, keys_offset), 64u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, conns_offset), 72u);
   EXPECT_EQ(offsetof(ZoneHeaderShm, procs_offset), 80u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, hash_seed), 88u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, ready), 104u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, change_word), 108u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, rate_bytes_per_sec), 112u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, settings_generation), 120u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, watchers_waiting), 124u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, lock), 128u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, key_free_head), 168u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, conn_free_head), 172u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, keys_used), 176u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_used), 180u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, table_full), 184u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, lock_repairs), 192u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_reaped), 200u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_reaped), 208u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, share_mode), 216u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_high_water), 220u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, burst_bytes), 224u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, header_checksum), 232u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, lock_timeouts), 240u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, corrupt), 248u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, rules_generation), 252u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 256u);
-  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 64u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, handoffs), 320u);
-  EXPECT_EQ(sizeof(ZoneHeaderShm::handoffs), 32u * kHandoffSlots);
-  EXPECT_EQ(kHandoffSlots, 32u);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, rules), 1344u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, handoffs_offset), 88u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, handoff_capacity), 96u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved_geometry), 100u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, hash_seed), 104u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, ready), 120u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, change_word), 124u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, rate_bytes_per_sec), 128u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, settings_generation), 136u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, watchers_waiting), 140u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, lock), 144u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, key_free_head), 184u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conn_free_head), 188u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, keys_used), 192u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_used), 196u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, table_full), 200u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, lock_repairs), 208u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_reaped), 216u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, conns_reaped), 224u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, share_mode), 232u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, procs_high_water), 236u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, burst_bytes), 240u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, header_checksum), 248u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, lock_timeouts), 256u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, corrupt), 264u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, rules_generation), 268u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, handoffs_pending), 272u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, reserved1), 276u);
+  EXPECT_EQ(sizeof(ZoneHeaderShm::reserved1), 60u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, rules), 336u);
   EXPECT_EQ(sizeof(ZoneHeaderShm::rules), 64u * kZoneRules);
-  EXPECT_EQ(offsetof(ZoneHeaderShm, cluster), 2368u);
+  EXPECT_EQ(offsetof(ZoneHeaderShm, cluster), 1360u);
 }
 
 TEST(ZoneLayoutTest, ClusterShmFieldsArePinned) {
@@ -164,13 +166,13 @@ TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
   EXPECT_EQ(sizeof(ConnSlotShm::peer), 16u);
   EXPECT_EQ(offsetof(ConnSlotShm, peer_port), 56u);
   EXPECT_EQ(offsetof(ConnSlotShm, under_pace), 58u);
-  EXPECT_EQ(offsetof(ConnSlotShm, reserved1), 60u);
+  EXPECT_EQ(offsetof(ConnSlotShm, handoff), 60u);
   EXPECT_EQ(offsetof(ConnSlotShm, bytes_left), 64u);
   EXPECT_EQ(offsetof(ConnSlotShm, drain_bytes), 72u);
 }
 
 TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ProcSlotShm), 64u);
+  EXPECT_EQ(sizeof(ProcSlotShm), 80u);
   EXPECT_EQ(alignof(ProcSlotShm), 8u);
   EXPECT_EQ(offsetof(ProcSlotShm, liveness), 0u);
   EXPECT_EQ(offsetof(ProcSlotShm, state), 40u);
@@ -179,6 +181,17 @@ TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ProcSlotShm, watcher_cpu), 52u);
   EXPECT_EQ(offsetof(ProcSlotShm, watcher_stretch), 54u);
   EXPECT_EQ(offsetof(ProcSlotShm, started_ns), 56u);
+  EXPECT_EQ(offsetof(ProcSlotShm, uid), 64u);
+  EXPECT_EQ(offsetof(ProcSlotShm, rules_seen), 68u);
+  EXPECT_EQ(offsetof(ProcSlotShm, rules_status), 72u);
+  EXPECT_EQ(offsetof(ProcSlotShm, rules_errno), 74u);
+  EXPECT_EQ(offsetof(ProcSlotShm, reserved), 76u);
+  EXPECT_EQ(kReloadNone, 0u);
+  EXPECT_EQ(kReloadOk, 1u);
+  EXPECT_EQ(kReloadNoFile, 2u);
+  EXPECT_EQ(kReloadUnreadable, 3u);
+  EXPECT_EQ(kReloadInvalid, 4u);
+  EXPECT_EQ(kReloadBusy, 5u);
 }
 
 TEST(ZoneLayoutTest, SlotTypesAreTriviallyCopyableStandardLayout) {
@@ -232,6 +245,8 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, keys_offset);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, conns_offset);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, procs_offset);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs_offset);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoff_capacity);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, hash_seed);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, ready);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, change_word);
@@ -253,7 +268,7 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, lock_timeouts);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, corrupt);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules_generation);
-  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs);
+  TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, handoffs_pending);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, rules);
   TRAFFICRATE_ADD_FIELD(fp, ZoneHeaderShm, cluster);
   fp.Add(sizeof(ClusterShm));
@@ -318,6 +333,7 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, peer_port);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, under_pace);
+  TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, handoff);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, bytes_left);
   TRAFFICRATE_ADD_FIELD(fp, ConnSlotShm, drain_bytes);
   fp.Add(sizeof(ProcSlotShm));
@@ -328,6 +344,10 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, watcher_cpu);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, watcher_stretch);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, started_ns);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, uid);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_seen);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_status);
+  TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_errno);
   return fp.value();
 }
 
@@ -350,6 +370,8 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {8,
        0x65408ca54945c10aULL},  // header rules, rules_generation (rules file)
       {9, 0xcbeea5b6051cc8dbULL},  // header cluster, key cluster share (fleet)
+      {10,
+       0xd5e7103c786eca9eULL},  // zone files, handoffs sized, reload answers
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -434,19 +456,21 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 3844u);
-  EXPECT_EQ(g.conn_capacity, 3844u);
-  EXPECT_EQ(g.proc_capacity, 961u);
+  EXPECT_EQ(g.key_capacity, 3738u);
+  EXPECT_EQ(g.conn_capacity, 3738u);
+  EXPECT_EQ(g.proc_capacity, 934u);
+  EXPECT_EQ(g.handoff_capacity, 467u);
   EXPECT_EQ(g.bucket_count, 4096u);
-  EXPECT_EQ(g.buckets_offset, 2752u);
-  EXPECT_EQ(g.keys_offset, 19136u);
+  EXPECT_EQ(g.buckets_offset, 1728u);
+  EXPECT_EQ(g.keys_offset, 18112u);
 }
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 230u);
-  EXPECT_EQ(g.conn_capacity, 230u);
-  EXPECT_EQ(g.proc_capacity, 57u);
+  EXPECT_EQ(g.key_capacity, 227u);
+  EXPECT_EQ(g.conn_capacity, 227u);
+  EXPECT_EQ(g.proc_capacity, 56u);
+  EXPECT_EQ(g.handoff_capacity, kMinHandoffSlots);
   EXPECT_EQ(g.bucket_count, 256u);
 }
 

@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/key_budget.h"
+#include "src/zone_file.h"
 #include "src/zone_layout.h"
 #include "tests/test_util.h"
 
@@ -36,10 +37,14 @@ using testing_util::kPeer;
 using testing_util::kRate;
 using testing_util::MakeKey;
 
-// Copies the whole shm object, to show that a refused zone was not written.
+// Where the calling user's zone of that name is (or would be).
+std::string ZonePathOf(const std::string& zone_name) {
+  return ZoneFilePath(ZonePlaces::ForUser(geteuid()), zone_name);
+}
+
+// Copies the whole zone file, to show that a refused zone was not written.
 std::vector<uint8_t> ReadShm(const std::string& zone_name) {
-  const std::string shm = ZoneShmName(zone_name);
-  const int fd = shm_open(shm.c_str(), O_RDONLY, 0);
+  const int fd = open(ZonePathOf(zone_name).c_str(), O_RDONLY | O_CLOEXEC);
   EXPECT_GE(fd, 0);
   if (fd < 0) return {};
   struct stat st {};
@@ -55,8 +60,7 @@ std::vector<uint8_t> ReadShm(const std::string& zone_name) {
 class RawHeader {
  public:
   explicit RawHeader(const std::string& zone_name) {
-    const std::string shm = ZoneShmName(zone_name);
-    const int fd = shm_open(shm.c_str(), O_RDWR, 0);
+    const int fd = open(ZonePathOf(zone_name).c_str(), O_RDWR | O_CLOEXEC);
     EXPECT_GE(fd, 0);
     if (fd < 0) return;
     void* p = mmap(nullptr, sizeof(ZoneHeaderShm), PROT_READ | PROT_WRITE,
@@ -110,11 +114,6 @@ TEST_F(ZoneTest, CreatedZoneHasAValidHeaderAndEmptyTables) {
   EXPECT_EQ(h.keys_used, 0u);
   EXPECT_EQ(h.conns_used, 0u);
   EXPECT_EQ(zone->FindKeyLocked(MakeKey(1).bytes), kNoSlot);
-}
-
-TEST_F(ZoneTest, ShmNameIsPrefixed) {
-  EXPECT_EQ(ZoneShmName("default"), "/trafficrate.default");
-  EXPECT_EQ(ZoneShmName("a.b"), "/trafficrate.a.b");
 }
 
 TEST_F(ZoneTest, SecondOpenerAttachesAndSeesTheFirstsData) {
@@ -228,7 +227,7 @@ TEST_F(ZoneTest, OpenWithAnotherSizeIsRefusedNamingTheSetting) {
   ASSERT_FALSE(other.ok());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(other.status().message(), HasSubstr("TRAFFICRATE_ZONE_SIZE"));
-  EXPECT_THAT(other.status().message(), HasSubstr(ZoneShmName(zone_name_)));
+  EXPECT_THAT(other.status().message(), HasSubstr(first->path()));
   // The existing zone is untouched.
   EXPECT_EQ(first->header().zone_size, kOneMiB);
   EXPECT_EQ(ReadShm(zone_name_).size(), kOneMiB);
@@ -294,15 +293,14 @@ void ExpectCorruptAndReplaced(const std::string& zone_name,
   EXPECT_THAT(attached.status().message(), HasSubstr("corrupt"));
   EXPECT_THAT(attached.status().message(), HasSubstr(why));
   EXPECT_THAT(attached.status().message(), HasSubstr("trafficrate rm"));
-  const std::string shm = ZoneShmName(zone_name);
-  const int old_fd = shm_open(shm.c_str(), O_RDONLY, 0);
+  const int old_fd = open(ZonePathOf(zone_name).c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(old_fd, 0);
-  bool replaced = false;
+  ZoneOpenNotes notes;
   // Another rate: using the old zone would store it there.
   absl::StatusOr<std::unique_ptr<Zone>> opened =
-      Zone::OpenOrCreate(zone_name, kOneMiB, 7 * kRate, KeySpec(), &replaced);
+      Zone::OpenOrCreate(zone_name, kOneMiB, 7 * kRate, KeySpec(), &notes);
   ASSERT_TRUE(opened.ok()) << opened.status();
-  EXPECT_TRUE(replaced);
+  EXPECT_TRUE(notes.replaced_corrupt);
   EXPECT_EQ((*opened)->header().magic, kZoneMagic);
   EXPECT_EQ((*opened)->header().rate_bytes_per_sec.load(), 7 * kRate);
   EXPECT_TRUE((*opened)->CheckHeader());
@@ -688,9 +686,9 @@ TEST_F(ZoneTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
   ASSERT_TRUE(zone->PublishHandoffLocked(10, a, 1, 0, 5000));
   EXPECT_FALSE(zone->HasOldHandoffs(0, 5000));
   EXPECT_TRUE(zone->HasOldHandoffs(0, 5001));
-  uint64_t out[kHandoffSlots];
-  EXPECT_EQ(zone->ExpireHandoffsLocked(0, 5000, out, kHandoffSlots), 0u);
-  ASSERT_EQ(zone->ExpireHandoffsLocked(0, 5001, out, kHandoffSlots), 1u);
+  uint64_t out[kMinHandoffSlots];
+  EXPECT_EQ(zone->ExpireHandoffsLocked(0, 5000, out, kMinHandoffSlots), 0u);
+  ASSERT_EQ(zone->ExpireHandoffsLocked(0, 5001, out, kMinHandoffSlots), 1u);
   EXPECT_EQ(out[0], uint64_t{a} << 32 | 1);
   EXPECT_FALSE(zone->MayHaveHandoff(10));
   EXPECT_TRUE(zone->MayHaveHandoff(11)) << "another process's stays";
@@ -699,23 +697,58 @@ TEST_F(ZoneTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
 TEST_F(ZoneTest, HandoffTableFullRefusesThenReusesStaleOrGarbageSlots) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
+  // Sized from the zone: an eighth of its connection slots.
+  EXPECT_EQ(zone->handoff_capacity(), zone->conn_capacity() / 8);
+  EXPECT_GT(zone->handoff_capacity(), kMinHandoffSlots);
   ZoneLock lock(*zone);
   ASSERT_TRUE(lock.ok());
-  const uint32_t c = RegisterLocked(*zone, 1, 0);
   const int64_t now = 100 * kNsPerSec;
-  for (uint64_t i = 0; i < kHandoffSlots; ++i) {
-    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, c, 1, 0, now));
+  std::vector<uint32_t> conns;
+  for (uint64_t i = 0; i < zone->handoff_capacity(); ++i) {
+    conns.push_back(RegisterLocked(*zone, 1, 0));
+    ASSERT_NE(conns.back(), kNoSlot);
+    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, conns.back(), 1, 0, now));
   }
+  EXPECT_EQ(zone->header().handoffs_pending.load(), zone->handoff_capacity());
+  const uint32_t c = RegisterLocked(*zone, 2, 0);
   EXPECT_FALSE(zone->PublishHandoffLocked(999, c, 1, 0, now)) << "full";
-  EXPECT_TRUE(zone->PublishHandoffLocked(100, c, 1, 0, now)) << "the same one";
+  EXPECT_TRUE(zone->PublishHandoffLocked(100, conns[0], 1, 0, now))
+      << "the same one";
   // Garbage (a slot naming no process) and a slot dated far ahead are free
   // for others; so is one left for far longer than any sender keeps it.
-  zone->header().handoffs[3].proc.store(kNoSlot);
+  zone->handoff(3).proc.store(kNoSlot);
   EXPECT_TRUE(zone->PublishHandoffLocked(999, c, 1, 0, now));
-  EXPECT_EQ(zone->header().handoffs[3].inode.load(), 999u);
-  zone->header().handoffs[4].since_ns.store(INT64_MAX);
-  EXPECT_TRUE(zone->PublishHandoffLocked(998, c, 1, 0, now));
-  EXPECT_TRUE(zone->PublishHandoffLocked(997, c, 1, 0, now + 60 * kNsPerSec));
+  EXPECT_EQ(zone->handoff(3).inode.load(), 999u);
+  EXPECT_TRUE(zone->MayBeHandedOff(c, 1));
+  EXPECT_FALSE(zone->MayBeHandedOff(conns[3], 1)) << "its slot was taken";
+  zone->handoff(4).since_ns.store(INT64_MAX);
+  const uint32_t d = RegisterLocked(*zone, 3, 0);
+  EXPECT_TRUE(zone->PublishHandoffLocked(998, d, 1, 0, now));
+  const uint32_t e = RegisterLocked(*zone, 4, 0);
+  EXPECT_TRUE(zone->PublishHandoffLocked(997, e, 1, 0, now + 60 * kNsPerSec));
+  EXPECT_EQ(zone->header().handoffs_pending.load(), zone->handoff_capacity());
+}
+
+TEST_F(ZoneTest, ExpiringHandoffsTakesABatchAndLeavesTheRest) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  EXPECT_FALSE(zone->AnyHandoffs());
+  for (uint64_t i = 0; i < 3 * kMinHandoffSlots; ++i) {
+    const uint32_t c = RegisterLocked(*zone, 1, 0);
+    ASSERT_TRUE(zone->PublishHandoffLocked(100 + i, c, 1, 0, 1000));
+  }
+  EXPECT_TRUE(zone->AnyHandoffs());
+  uint64_t out[kMinHandoffSlots];
+  for (int batch = 0; batch < 3; ++batch) {
+    EXPECT_TRUE(zone->HasOldHandoffs(0, 2000));
+    EXPECT_EQ(zone->ExpireHandoffsLocked(0, 2000, out, kMinHandoffSlots),
+              kMinHandoffSlots);
+  }
+  EXPECT_FALSE(zone->HasOldHandoffs(0, 2000));
+  EXPECT_FALSE(zone->AnyHandoffs());
+  EXPECT_EQ(zone->header().handoffs_pending.load(), 0u);
 }
 
 }  // namespace

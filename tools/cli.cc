@@ -184,6 +184,10 @@ bool ZoneName(const char* command, const ParsedArgs& args, std::string* zone,
   const char* env = getenv(kEnvZone);
   const std::string value =
       args.Get("--zone", env != nullptr && *env != '\0' ? env : "default");
+  if (absl::StartsWith(value, "/")) {
+    *zone = value;  // a zone file's path (Zone::Locate)
+    return true;
+  }
   absl::StatusOr<std::string> parsed = ParseZoneName(value);
   if (!parsed.ok()) {
     *exit_code = UsageError(

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,12 +16,14 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/clock.h"
 #include "src/cluster.h"
 #include "src/config.h"
 #include "src/rules_file.h"
 #include "src/snapshot.h"
 #include "src/units.h"
 #include "src/zone.h"
+#include "src/zone_file.h"
 #include "tools/cli.h"
 #include "tools/format.h"
 
@@ -175,15 +178,39 @@ std::string LogInWords(const Config& config) {
   return absl::StrCat("appended to ", config.log_path);
 }
 
+// The zone: its room, where it is (or would be made) and who owns it, and
+// whether a server with this configuration could use it.
 std::string ZoneInWords(const Config& config) {
   const ZoneGeometry g = ComputeZoneGeometry(config.zone_size_bytes);
   std::string text = absl::StrFormat(
-      "%s (%s), %s: room for %u client keys, %u connections, %u processes",
-      config.zone_name, absl::StrCat("/dev/shm", ZoneShmName(config.zone_name)),
-      HumanBytes(config.zone_size_bytes), g.key_capacity, g.conn_capacity,
-      g.proc_capacity);
-  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::Attach(config.zone_name);
-  if (!zone.ok()) return absl::StrCat(text, "; not created yet");
+      "%s, %s: room for %u client keys, %u connections, %u processes",
+      config.zone_name, HumanBytes(config.zone_size_bytes), g.key_capacity,
+      g.conn_capacity, g.proc_capacity);
+  const ZonePlaces places = ZonePlaces::ForUser(geteuid());
+  ZonePlaceNotes notes;
+  absl::StatusOr<ZoneFile> file =
+      FindZoneFile(places, config.zone_name, &notes);
+  if (absl::IsNotFound(file.status())) {
+    const std::string dir = NewZoneDir(places, &notes);
+    absl::StrAppendFormat(
+        &text,
+        "; not created yet: a server started now as user %s makes it "
+        "in %s",
+        DescribeUser(places.uid), dir);
+  } else if (!file.ok()) {
+    return absl::StrCat(text, "; WARNING: ", file.status().message());
+  } else {
+    absl::StrAppendFormat(&text, "; %s, %s", file->path(),
+                          DescribeOwner(file->fd()));
+  }
+  if (const std::string line = notes.Line(config.zone_name); !line.empty()) {
+    absl::StrAppend(&text, "; ", line);
+  }
+  if (!file.ok()) return text;
+  absl::StatusOr<std::unique_ptr<Zone>> zone = Zone::AttachPath(file->path());
+  if (!zone.ok()) {
+    return absl::StrCat(text, "; WARNING: ", zone.status().message());
+  }
   const ZoneHeaderShm& h = (*zone)->header();
   if (h.zone_size != config.zone_size_bytes ||
       DescribeKeySpec((*zone)->key_spec()) != DescribeKeySpec(config.key)) {
@@ -413,6 +440,90 @@ int SetCommand(const std::vector<std::string>& raw) {
   return kExitOk;
 }
 
+namespace {
+
+// How long `reload` waits for every process's watcher to answer.
+constexpr int64_t kReloadWaitNs = 2 * kNsPerSec;
+
+// Waits for the processes' answers to reload `generation` and says what
+// each did: 0 if every one read its rules file, else 1.
+int ReportReload(const Zone& zone, const std::vector<uint32_t>& procs,
+                 uint32_t generation, const std::string& config) {
+  const auto answered = [&](uint32_t i) {
+    const ProcSlotShm& p = zone.proc(i);
+    return p.rules_seen.load(std::memory_order_acquire) == generation ||
+           p.state.load(std::memory_order_acquire) != kProcLive ||
+           Zone::ProcMaybeDead(p);
+  };
+  const int64_t deadline = MonotonicNowNs() + kReloadWaitNs;
+  while (MonotonicNowNs() < deadline &&
+         !std::all_of(procs.begin(), procs.end(), answered)) {
+    SleepNs(10 * kNsPerMs);
+  }
+  const std::string file = config.empty()
+                               ? "its rules file"
+                               : absl::StrCat("the rules file ", config);
+  size_t ok = 0;
+  std::vector<std::string> problems;
+  for (const uint32_t i : procs) {
+    const ProcSlotShm& p = zone.proc(i);
+    const int32_t pid = p.pid.load(std::memory_order_relaxed);
+    const std::string user = DescribeUser(p.uid.load());
+    if (p.state.load(std::memory_order_acquire) != kProcLive ||
+        Zone::ProcMaybeDead(p)) {
+      continue;  // exited meanwhile
+    }
+    if (p.rules_seen.load(std::memory_order_acquire) != generation) {
+      problems.push_back(absl::StrFormat(
+          "process %d (user %s) did not answer within %d s (stopped?): it "
+          "reads %s again when it runs",
+          pid, user, kReloadWaitNs / kNsPerSec, file));
+      continue;
+    }
+    switch (p.rules_status.load(std::memory_order_relaxed)) {
+      case kReloadOk:
+        ++ok;
+        break;
+      case kReloadNoFile:
+        problems.push_back(absl::StrFormat(
+            "process %d (user %s) has no rules file (TRAFFICRATE_CONFIG is "
+            "unset for it): nothing to reload there",
+            pid, user));
+        break;
+      case kReloadUnreadable:
+        problems.push_back(absl::StrFormat(
+            "process %d (user %s) cannot read %s (%s): it keeps the rules in "
+            "force; make the file readable by user %s (a server's workers "
+            "read it as the user they run as)",
+            pid, user, file, strerror(p.rules_errno.load()), user));
+        break;
+      case kReloadInvalid:
+        problems.push_back(absl::StrFormat(
+            "process %d (user %s) found %s invalid: it keeps the rules in "
+            "force (its log says why; `trafficrate check --config FILE` too)",
+            pid, user, file));
+        break;
+      default:
+        problems.push_back(absl::StrFormat(
+            "process %d (user %s) could not install the rules (the zone lock "
+            "stayed busy): it keeps the rules in force; run reload again",
+            pid, user));
+        break;
+    }
+  }
+  std::printf(
+      "zone %s: %zu of %zu server process%s read %s again (for the "
+      "connections they accept from now on)\n",
+      zone.name().c_str(), ok, procs.size(), procs.size() == 1 ? "" : "es",
+      file.c_str());
+  for (const std::string& line : problems) {
+    std::fprintf(stderr, "trafficrate: reload: %s\n", line.c_str());
+  }
+  return problems.empty() ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
 int ReloadCommand(const std::vector<std::string>& raw) {
   ParsedArgs args;
   std::unique_ptr<Zone> zone;
@@ -434,14 +545,25 @@ int ReloadCommand(const std::vector<std::string>& raw) {
     }
   }
   if (!OpenZone("reload", args, &zone, &rc)) return rc;
-  absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
-  zone->header().rules_generation.fetch_add(1, std::memory_order_acq_rel);
+  // The live processes now: each one's watcher answers in its slot.
+  std::vector<uint32_t> procs;
+  for (uint32_t i = 0; i < zone->proc_capacity(); ++i) {
+    const ProcSlotShm& p = zone->proc(i);
+    if (p.state.load(std::memory_order_acquire) == kProcLive &&
+        !Zone::ProcMaybeDead(p)) {
+      procs.push_back(i);
+    }
+  }
+  if (procs.empty()) {
+    return Failure(absl::StrFormat(
+        "reload: zone %s has no live server process: nothing reloaded",
+        zone->name()));
+  }
+  const uint32_t generation =
+      zone->header().rules_generation.fetch_add(1, std::memory_order_acq_rel) +
+      1;
   zone->WakeWatchers();
-  std::printf(
-      "zone %s: reload asked of %zu server processes; each reads its rules "
-      "file again within about 20 ms and logs what it did\n",
-      zone->name().c_str(), snap.ok() ? LiveProcesses(*snap) : 0);
-  return kExitOk;
+  return ReportReload(*zone, procs, generation, args.Get("--config", ""));
 }
 
 int GcCommand(const std::vector<std::string>& raw) {
@@ -462,12 +584,14 @@ int GcCommand(const std::vector<std::string>& raw) {
 namespace {
 
 // rm of a zone that could not be read (corrupt, or of another layout):
-// "removed <what> NAME (/dev/shm/...); <after>".
+// "removed <what> NAME (PATH); <after>".
 int UnlinkUnread(const std::string& name, const char* what, const char* after) {
-  const absl::Status removed = Zone::Unlink(name);
+  absl::StatusOr<std::string> path = Zone::Locate(name);
+  const absl::Status removed =
+      path.ok() ? Zone::UnlinkPath(*path) : path.status();
   if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
-  std::printf("removed %s %s (/dev/shm%s); %s\n", what, name.c_str(),
-              ZoneShmName(name).c_str(), after);
+  std::printf("removed %s %s (%s); %s\n", what, name.c_str(), path->c_str(),
+              after);
   return kExitOk;
 }
 
@@ -511,18 +635,18 @@ int RmCommand(const std::vector<std::string>& raw) {
       if (p.alive) pids.push_back(p.pid);
     }
   }
-  const std::string shm = absl::StrCat("/dev/shm", ZoneShmName(zone->name()));
   if (!pids.empty() && !args.Has("--force")) {
     return Failure(absl::StrFormat(
         "rm: zone %s is in use by %zu live process(es) (pid %s); stop them "
         "first, or use --force",
         zone->name(), pids.size(), absl::StrJoin(pids, ", ")));
   }
-  const absl::Status removed = Zone::Unlink(zone->name());
+  const absl::Status removed = Zone::UnlinkPath(zone->path());
   if (!removed.ok()) {
     return Failure(absl::StrCat("rm: ", removed.message()));
   }
-  std::printf("removed zone %s (%s)%s\n", zone->name().c_str(), shm.c_str(),
+  std::printf("removed zone %s (%s)%s\n", zone->name().c_str(),
+              zone->path().c_str(),
               pids.empty() ? ""
                            : absl::StrFormat("; %zu process(es) keep using it "
                                              "until they exit",

@@ -243,7 +243,8 @@ std::string ClusterJson(const ZoneSnapshot& s) {
 
 std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
   std::string out = absl::StrFormat(
-      "{\"zone\": %s, \"size\": %u, \"rate\": %u, \"key\": %s,\n"
+      "{\"zone\": %s, \"path\": %s, \"size\": %u, \"rate\": %u, "
+      "\"key\": %s,\n"
       " \"share_mode\": %s, \"burst\": %u,\n"
       " \"capacity\": {\"keys\": %u, \"connections\": %u, \"processes\": "
       "%u},\n"
@@ -253,8 +254,8 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
       "\"lock_timeouts\": %u, \"processes_reaped\": %u, "
       "\"connections_reaped\": %u},\n"
       " \"keys\": [",
-      JsonString(s.name), s.size_bytes, s.rate_bytes_per_sec,
-      JsonString(DescribeKeySpec(s.key_spec)),
+      JsonString(s.name), JsonString(s.path), s.size_bytes,
+      s.rate_bytes_per_sec, JsonString(DescribeKeySpec(s.key_spec)),
       JsonString(std::string(ShareModeName(s.share_mode))), s.burst_bytes,
       s.key_capacity, s.conn_capacity, s.proc_capacity, s.keys.size(),
       s.connections.size(), ActiveConnections(s), LiveProcesses(s),

@@ -13,7 +13,9 @@ namespace trafficrate {
 namespace {
 
 constexpr char kZoneOptionText[] =
-    "the zone (default: $TRAFFICRATE_ZONE, else \"default\")";
+    "the zone (default: $TRAFFICRATE_ZONE, else \"default\"), or the path "
+    "of a zone file (another user's zone, or one an earlier version left in "
+    "/dev/shm)";
 
 constexpr char kSummary[] =
     "share one download rate per client across a TCP server's processes";
@@ -48,9 +50,10 @@ std::vector<VariableDoc>* MakeVariableDocs() {
        "server's address and port) or `all` (one bucket for every client).",
        "peer"},
       {"TRAFFICRATE_ZONE", "--zone", "NAME", "", "zone name",
-       "The zone's name: the shared memory object /dev/shm/trafficrate.NAME "
-       "that every process of the server (and the trafficrate command) "
-       "shares; 1 to 64 of A-Z a-z 0-9 _ . -.",
+       "The zone's name: the zone file NAME that every process of the "
+       "server (and the trafficrate command) shares, in a directory of the "
+       "server's user (see ZONE in trafficrate(7)); 1 to 64 of A-Z a-z 0-9 "
+       "_ . -.",
        "\"default\""},
       {"TRAFFICRATE_ZONE_SIZE", "--zone-size", "S", "", "zone size, e.g. 32m",
        "The zone's size, with k, m or g, 64k to 1g; it bounds how many keys, "
@@ -217,7 +220,7 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "activity; with TRAFFICRATE_CLUSTER, the fleet exchange and each "
         "key's figures across the fleet (`trafficrate help fleet`). Exits 1 "
         "if the zone does not exist or is corrupt."},
-       {{"--zone", "NAME", kZoneOptionText},
+       {{"--zone", "NAME|PATH", kZoneOptionText},
         {"--json", "", "one JSON document (exact figures)"},
         {"--prometheus", "",
          "Prometheus text exposition (trafficrate_* "
@@ -237,7 +240,7 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "registered connections and its share; with a cluster, the "
         "cluster's state and each key's sending connections and hosts in "
         "the fleet. Press q (or Ctrl-C) to quit."},
-       {{"--zone", "NAME", kZoneOptionText},
+       {{"--zone", "NAME|PATH", kZoneOptionText},
         {"--interval", "S",
          "seconds between refreshes, 0.2 to 60 (default 1)"}},
        {"trafficrate top --zone web --interval 0.5"}},
@@ -249,7 +252,7 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "within milliseconds. A server started later with TRAFFICRATE_RATE "
         "(or a rules file) sets the rates again. A zone whose server has a "
         "rules file takes the rule to change."},
-       {{"--zone", "NAME", kZoneOptionText},
+       {{"--zone", "NAME|PATH", kZoneOptionText},
         {"--rule", "NAME", "the rule of the rules file whose rate to change"}},
        {"trafficrate set --zone web 1m",
         "trafficrate set --zone web --rule downloads 250k"}},
@@ -261,9 +264,13 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "each accepts from then on follow the new rules; existing "
         "connections keep their rule, whose rate the file may change. A rule "
         "keeps its place by name; a new one takes a free one of the zone's "
-        "16. A process that cannot read the file logs one line and keeps the "
-        "rules in force."},
-       {{"--zone", "NAME", kZoneOptionText},
+        "16. It waits (up to 2 s) for every process to answer and says how "
+        "many read the file; a process that could not (a file its user may "
+        "not read: workers run as another user than the master that read it "
+        "at start-up; an invalid file; no rules file at all) keeps the rules "
+        "in force, is named with its user and why on stderr, and the "
+        "command exits 1, as it does when the zone has no live process."},
+       {{"--zone", "NAME|PATH", kZoneOptionText},
         {"--config", "FILE",
          "check FILE first (it should be the servers' file) and reload only "
          "if it is valid and every rule can match"}},
@@ -275,12 +282,13 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "closing them (killed with SIGKILL, crashed). Live server processes "
         "do this by themselves within a second; gc is for a zone no live "
         "process watches."},
-       {{"--zone", "NAME", kZoneOptionText}},
+       {{"--zone", "NAME|PATH", kZoneOptionText}},
        {"trafficrate gc --zone web"}},
       {"rm",
        "remove a zone",
        "[--zone NAME] [--force]",
-       {"Removes a zone (/dev/shm/trafficrate.NAME). Refused while live "
+       {"Removes a zone (its file, see ZONE in trafficrate(7)). Refused while "
+        "live "
         "processes are registered in it, unless --force: they keep using it "
         "until they exit, and servers started afterwards create a new, "
         "separate zone. A corrupt zone (see stat) is removed without "
@@ -288,7 +296,7 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "layout version (made by another trafficrate version, see "
         "--version) is removed only with --force, since its processes "
         "cannot be listed: stop its servers first."},
-       {{"--zone", "NAME", kZoneOptionText},
+       {{"--zone", "NAME|PATH", kZoneOptionText},
         {"--force", "", "remove it even though processes use it"}},
        {"trafficrate rm --zone web"}},
       {"help",
@@ -411,13 +419,24 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "rate live."}},
       {"zone",
        "ZONE",
-       {"A zone is a shared memory object, /dev/shm/trafficrate.NAME "
-        "(TRAFFICRATE_ZONE), created by the first process that needs it "
-        "(nginx's master, before it forks), mode 0600, owned by the user "
-        "that started the server: workers that switch to another user "
-        "inherit the mapping. It holds the rate, the rules' rates, one slot "
-        "per client key, connection and process, and a robust lock taken "
-        "with a bound.",
+       {"A zone is a file, NAME (TRAFFICRATE_ZONE), created by the first "
+        "process that needs it (nginx's master, before it forks), mode 0600, "
+        "owned by the user that started the server, in a directory that only "
+        "that user can write: /run/trafficrate for root (when /run is a "
+        "tmpfs, else /dev/shm/trafficrate-0), /dev/shm/trafficrate-UID for "
+        "other users. Workers that switch to another user inherit the "
+        "mapping. It holds the rate, the rules' rates, one slot per client "
+        "key, connection and process, and a robust lock taken with a bound.",
+        "No other user can take a zone's place: /dev/shm is world-writable, "
+        "so anyone may create /dev/shm/trafficrate-UID first, but a "
+        "directory there that is not the user's own is never used: the zone "
+        "goes to a directory of the user's own with an unguessable name, "
+        "/dev/shm/trafficrate-UID.XXXXXX, and the server logs one line "
+        "saying what it found. The trafficrate command finds zones in all "
+        "these places (root's also finds other users' zones). A new zone's "
+        "pages are reserved when it is made: too little room is one line "
+        "naming the size and TRAFFICRATE_ZONE_SIZE, and the server runs "
+        "unpaced, never crashed.",
         "Every server process of the zone shares it; servers with different "
         "zones are independent. A zone outlives its servers: the next server "
         "with the same name attaches to it (its key setting must match). "
@@ -734,9 +753,12 @@ std::string ManPage1(const std::string& date) {
           "environment (options override them); the other commands read "
           "TRAFFICRATE_ZONE. The variables are described in trafficrate(7) "
           "and by `trafficrate help environment`."));
-  absl::StrAppend(&out, ".SH FILES\n.TP\n",
-                  RoffCode("/dev/shm/trafficrate.NAME"),
-                  "\nthe zone NAME\n.TP\n", RoffCode(TRAFFICRATE_LIBRARY_PATH),
+  absl::StrAppend(&out, ".SH FILES\n.TP\n", RoffCode("/run/trafficrate/NAME"),
+                  "\nthe zone NAME of servers run by root (when /run is a "
+                  "tmpfs; else /dev/shm/trafficrate-0/NAME)\n.TP\n",
+                  RoffCode("/dev/shm/trafficrate-UID/NAME"),
+                  "\nthe zone NAME of servers run by user UID\n.TP\n",
+                  RoffCode(TRAFFICRATE_LIBRARY_PATH),
                   "\nthe preload library\n.TP\n",
                   RoffCode("/usr/share/doc/trafficrate/examples/"),
                   "\nan example systemd drop-in for nginx\n");

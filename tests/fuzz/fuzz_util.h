@@ -67,6 +67,7 @@
 #include "src/budget.h"
 #include "src/key.h"
 #include "src/zone.h"
+#include "src/zone_file.h"
 #include "src/zone_layout.h"
 
 // Aborts with the condition, so that libFuzzer saves the input.
@@ -266,11 +267,13 @@ inline void PrepareMutexes(Zone& zone, uint8_t flags) {
   }
 }
 
-// Writes `bytes` as the whole shm object of `zone_name`, `file_size` long.
+// Writes `bytes` as the whole zone file of `zone_name`, `file_size` long.
 inline bool WriteShmObject(const std::string& zone_name,
                            absl::Span<const uint8_t> bytes, size_t file_size) {
-  const std::string shm = ZoneShmName(zone_name);
-  const int fd = shm_open(shm.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  const std::string path =
+      ZoneFilePath(ZonePlaces::ForUser(geteuid()), zone_name);
+  const int fd =
+      open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return false;
   const size_t n = std::min(bytes.size(), file_size);
   bool ok = ftruncate(fd, static_cast<off_t>(file_size)) == 0;

@@ -144,7 +144,7 @@ def cli():
 
 @pytest.fixture
 def zone(request):
-    """A zone name unique to this test; its /dev/shm object is removed after."""
+    """A zone name unique to this test; its file is removed after."""
     name = harness.unique_zone(request.node.name)
     harness.remove_zone(name)
     yield name

@@ -23,6 +23,7 @@ import atexit
 import fcntl
 import hashlib
 import os
+import stat
 import random
 import re
 import shutil
@@ -140,8 +141,57 @@ def unique_zone(tag="test"):
     return "it-%d-%s-%d" % (os.getpid(), clean, _zone_counter)
 
 
-def zone_path(zone):
-    return Path("/dev/shm/trafficrate.%s" % zone)
+def zone_dirs(uid=None):
+    """The directories where a user's zones live, in the order the library
+    looks at them (src/zone_file.h): for root /run/trafficrate when /run is a
+    tmpfs, then /dev/shm/trafficrate-UID, then the user's fallback
+    directories /dev/shm/trafficrate-UID.XXXXXX (its own ones)."""
+    uid = os.geteuid() if uid is None else uid
+    dirs = []
+    if uid == 0 and _on_tmpfs("/run"):
+        dirs.append(Path("/run/trafficrate"))
+    dirs.append(Path("/dev/shm/trafficrate-%d" % uid))
+    prefix = "trafficrate-%d." % uid
+    for entry in sorted(os.listdir("/dev/shm")):
+        path = Path("/dev/shm") / entry
+        if entry.startswith(prefix) and _own_dir(path, uid):
+            dirs.append(path)
+    return dirs
+
+
+def _on_tmpfs(path):
+    try:
+        with open("/proc/self/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return False
+    best = None
+    real = os.path.realpath(path)
+    for fields in mounts:
+        point = fields[4]
+        sep = fields.index("-")
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and \
+                (best is None or len(point) >= len(best[0])):
+            best = (point, fields[sep + 1])
+    return best is not None and best[1] in ("tmpfs", "ramfs")
+
+
+def _own_dir(path, uid):
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+
+
+def zone_path(zone, uid=None):
+    """Where the zone file of that name is: the first of zone_dirs() that
+    holds it, else where the library would make it."""
+    dirs = zone_dirs(uid)
+    for d in dirs:
+        if _own_dir(d, os.geteuid() if uid is None else uid) and (d / zone).exists():
+            return d / zone
+    return dirs[0] / zone
 
 
 def remove_zone(zone):

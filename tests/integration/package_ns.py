@@ -177,9 +177,10 @@ def nginx_under_systemd_dropin(webroot, result):
 
 
 def upgrade_over_other_layout(deb, result):
-    """A zone of layout version 1 (what an earlier version left), then the
-    package installed over itself: its postinst names the zone."""
-    template = Path("/dev/shm/trafficrate.nginx")
+    """A zone of layout version 1 where earlier versions kept zones (what an
+    earlier version left), then the package installed over itself: its
+    postinst names the zone."""
+    template = Path("/run/trafficrate/nginx")
     old = Path("/dev/shm/trafficrate.older")
     if not template.exists():
         result["upgrade_error"] = "no zone nginx to copy"

@@ -190,8 +190,8 @@ def test_top_shows_the_busy_client_and_quits_on_q(servers, zone, cli):
 
 def test_set_and_rm_of_a_missing_zone_fail_without_creating_it(zone, cli):
     rc, out, err = ctl("set", "--zone", zone, "1m")
-    assert rc == 1 and "no zone /trafficrate.%s" % zone in err, (out, err)
-    assert not os.path.exists("/dev/shm/trafficrate.%s" % zone)
+    assert rc == 1 and "no zone %s (" % zone in err, (out, err)
+    assert not harness.zone_path(zone).exists()
     rc, out, err = ctl("rm", "--zone", zone)
     assert rc == 1 and "no zone" in err, (out, err)
 
@@ -205,11 +205,12 @@ def test_rm_refuses_a_zone_in_use_unless_forced(servers, zone, cli):
             lambda: harness.key_stat(zone, CLIENT)["active"] == 1, 5.0)
         rc, out, err = ctl("rm", "--zone", zone)
         assert rc == 1 and "in use by" in err, (out, err)
-        assert os.path.exists("/dev/shm/trafficrate.%s" % zone)
+        path = harness.zone_path(zone)
+        assert path.exists(), path
         rc, out, err = ctl("rm", "--zone", zone, "--force")
         assert rc == 0 and "removed zone" in out and "keep using it" in out, \
             (out, err)
-        assert not os.path.exists("/dev/shm/trafficrate.%s" % zone)
+        assert not path.exists(), path
     finally:
         dset.stop()
         dset.join(5.0)

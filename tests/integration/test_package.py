@@ -145,10 +145,12 @@ def test_systemd_dropin_verifies_and_paces_debian_nginx(installed):
 
 def test_upgrade_names_a_zone_of_another_layout_and_rm_force_removes_it(installed):
     assert installed["reinstall"]["rc"] == 0, installed["reinstall"]
-    assert "zone older was made by an earlier version" in installed["reinstall"]["err"]
+    assert "zone /dev/shm/trafficrate.older was made by an earlier version" in \
+        installed["reinstall"]["err"]
     assert installed["rm_old"]["rc"] == 1
     assert "layout version 1" in installed["rm_old"]["err"]
-    assert "trafficrate rm --force --zone older" in installed["rm_old"]["err"]
+    assert "trafficrate rm --force --zone /dev/shm/trafficrate.older" in \
+        installed["rm_old"]["err"]
     assert installed["rm_old_force"]["rc"] == 0, installed["rm_old_force"]
     assert installed["old_left"] is False
 

@@ -671,19 +671,21 @@ HEADER_FIELDS = [
     ("key_capacity", 40, 4), ("conn_capacity", 44, 4),
     ("proc_capacity", 48, 4), ("key_spec", 52, 4), ("buckets_offset", 56, 8),
     ("keys_offset", 64, 8), ("conns_offset", 72, 8), ("procs_offset", 80, 8),
-    ("hash_seed", 88, 16), ("ready", 104, 4), ("change_word", 108, 4),
-    ("rate_bytes_per_sec", 112, 8), ("settings_generation", 120, 4),
-    ("watchers_waiting", 124, 4), ("lock", 128, 40), ("key_free_head", 168, 4),
-    ("conn_free_head", 172, 4), ("keys_used", 176, 4), ("conns_used", 180, 4),
-    ("table_full", 184, 8), ("lock_repairs", 192, 8), ("procs_reaped", 200, 8),
-    ("conns_reaped", 208, 8), ("share_mode", 216, 4),
-    ("procs_high_water", 220, 4), ("burst_bytes", 224, 8),
-    ("header_checksum", 232, 8), ("lock_timeouts", 240, 8),
-    ("corrupt", 248, 4), ("rules_generation", 252, 4), ("reserved1", 256, 64),
-    ("handoffs", 320, 1024),
-    ("rules", 1344, 1024), ("cluster", 2368, 352),
+    ("handoffs_offset", 88, 8), ("handoff_capacity", 96, 4),
+    ("reserved_geometry", 100, 4),
+    ("hash_seed", 104, 16), ("ready", 120, 4), ("change_word", 124, 4),
+    ("rate_bytes_per_sec", 128, 8), ("settings_generation", 136, 4),
+    ("watchers_waiting", 140, 4), ("lock", 144, 40), ("key_free_head", 184, 4),
+    ("conn_free_head", 188, 4), ("keys_used", 192, 4), ("conns_used", 196, 4),
+    ("table_full", 200, 8), ("lock_repairs", 208, 8), ("procs_reaped", 216, 8),
+    ("conns_reaped", 224, 8), ("share_mode", 232, 4),
+    ("procs_high_water", 236, 4), ("burst_bytes", 240, 8),
+    ("header_checksum", 248, 8), ("lock_timeouts", 256, 8),
+    ("corrupt", 264, 4), ("rules_generation", 268, 4),
+    ("handoffs_pending", 272, 4), ("reserved1", 276, 60),
+    ("rules", 336, 1024), ("cluster", 1360, 352),
 ]
-HEADER_SIZE = 2720
+HEADER_SIZE = 1712
 FIELD = {name: (offset, size) for name, offset, size in HEADER_FIELDS}
 LOCK_OFFSET, LOCK_SIZE = FIELD["lock"]
 # Fields the library keeps changing (counters, free-list heads, the futex
@@ -692,7 +694,8 @@ LOCK_OFFSET, LOCK_SIZE = FIELD["lock"]
 LIBRARY_OWNED = {"change_word", "settings_generation", "watchers_waiting",
                  "key_free_head", "conn_free_head", "keys_used", "conns_used",
                  "table_full", "lock_repairs", "procs_reaped", "conns_reaped",
-                 "procs_high_water", "lock_timeouts", "corrupt"}
+                 "procs_high_water", "lock_timeouts", "corrupt",
+                 "handoffs_pending"}
 # The live rate: 0 or 1 there is a rate of 1 B/s for every connection by
 # design, so downloads are not expected to flow in its case (it runs last:
 # a pace already scheduled cannot be pulled back).

@@ -220,15 +220,22 @@ def test_reload_applies_the_changed_file_without_a_signal(
         for s in running:
             s.join(10.0)
     lines = server.trafficrate_lines()
-    report = "%s\nreload of a broken file: rc %d %s\nreload --config: rc %d " \
+    report = "%s\nreload of a broken file: rc %d %s%s\nreload --config: rc %d " \
         "%s %s\nlog:\n%s\nexisting download:\n%s\nnew download:\n%s\nnew " \
         "rule:\n%s\nrules: %s\nkeys: %s" % (
-            server.title, broken.returncode, broken.stdout, checked.returncode,
+            server.title, broken.returncode, broken.stdout, broken.stderr,
+            checked.returncode,
             checked.stdout, checked.stderr, "\n".join(lines), m[0].report(),
             m[1].report(), m[2].report(), stat["rules"],
             [(k["key"], k["rule"]) for k in stat["keys"]])
     print("\n" + report)
-    assert broken.returncode == 0 and checked.returncode == 0, report
+    # reload waits for the processes' answers: the broken file is an error
+    # naming what each did, the good one is read by all.
+    assert broken.returncode == 1, report
+    assert "invalid: it keeps the rules in force" in broken.stderr, report
+    assert checked.returncode == 0, report
+    assert " server process" in checked.stdout and \
+        "read the rules file %s again" % server.rules in checked.stdout, report
     assert any("the rules in force stay" in line for line in lines), report
     # The existing connection kept its rule, whose rate is now 1m; the new
     # one from another client got it too; the new rule governs its client.
@@ -238,6 +245,42 @@ def test_reload_applies_the_changed_file_without_a_signal(
     assert ("one", 200 * 1024) in [(r["name"], r["rate"]) for r in stat["rules"]], \
         report
     assert (C, "one") in [(k["key"], k["rule"]) for k in stat["keys"]], report
+
+
+def test_reload_says_which_processes_cannot_read_the_file_and_fails(
+        servers, lib_env, zone, workdir, cli):
+    """A rules file only root can read: nginx's master read it at start-up,
+    its workers (nobody) cannot read it again. reload waits for their
+    answers, names them and their user, and exits 1; the rules in force
+    stay. Without a live process, or without a rules file, it fails too."""
+    server = two_port_nginx(servers, lib_env(), workdir)
+    server.rules.chmod(0o600)
+    # Each worker starts its watcher at its first governed connection.
+    for _ in range(8):
+        assert harness.http_get(server.p1, source=A)[0] == 200
+    reload = harness.run_cli("reload", "--zone", zone, "--config", server.rules)
+    plain = servers.nginx(env=lib_env("500k", ZONE=zone + "-plain"), workers=1)
+    harness.http_get(plain.port, source=A)
+    no_file = harness.run_cli("reload", "--zone", zone + "-plain")
+    plain.stop()
+    nobody = harness.run_cli("reload", "--zone", zone + "-plain")
+    harness.remove_zone(zone + "-plain")
+    report = "no server: rc %d %s\nroot-only file: rc %d\n%s%s\nno file: " \
+        "rc %d\n%s%s\nlog:\n%s" % (
+            nobody.returncode, nobody.stderr, reload.returncode, reload.stdout,
+            reload.stderr, no_file.returncode, no_file.stdout, no_file.stderr,
+            "\n".join(server.trafficrate_lines()))
+    print("\n" + report)
+    assert nobody.returncode == 1 and "has no live server process" in \
+        nobody.stderr, report
+    assert reload.returncode == 1, report
+    assert "cannot read the rules file %s (Permission denied)" % server.rules \
+        in reload.stderr, report
+    assert "(user 65534 (nobody))" in reload.stderr, report
+    assert "make the file readable by user 65534 (nobody)" in reload.stderr, \
+        report
+    assert no_file.returncode == 1, report
+    assert "has no rules file" in no_file.stderr, report
 
 
 def test_a_bad_rules_file_leaves_the_server_unpaced_and_says_where(
