@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "lib/preload.h"
 #include "lib/real.h"
+#include "src/bypass_watch.h"
 #include "src/cluster_agent.h"
 #include "src/config.h"
 #include "src/fd_table.h"
@@ -42,6 +43,9 @@ ABSL_CONST_INIT Logger g_logger;
 void ChildAfterFork() {
   if (Governor* gov = g_governor.load(std::memory_order_acquire)) {
     gov->AfterForkChild();
+  }
+  if (ListenWatch* watch = g_listen_watch.load(std::memory_order_acquire)) {
+    watch->AfterForkChild();
   }
 }
 
@@ -167,6 +171,9 @@ void Initialize() {
 void InitializeOnce() {
   t_in_library = true;  // our own calls (dlsym, shm_open) go straight through
   Initialize();
+  if (g_governor.load(std::memory_order_acquire) != nullptr) {
+    StartBypassChecks(g_logger);
+  }
   t_in_library = false;
 }
 

@@ -20,6 +20,7 @@
 
 #include "lib/preload.h"
 #include "lib/real.h"
+#include "src/bypass_watch.h"
 #include "src/governor.h"
 
 #define TRAFFICRATE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -71,12 +72,23 @@ int AfterAccept(int fd, const sockaddr* addr, const socklen_t* len,
                 socklen_t capacity) {
   Governor* gov = fd >= 0 ? ActiveGovernor() : nullptr;
   if (gov == nullptr) return fd;
+  if (ListenWatch* watch = g_listen_watch.load(std::memory_order_relaxed)) {
+    watch->NoteAccept();
+  }
   const socklen_t peer_len =
       addr != nullptr && len != nullptr && *len < capacity ? *len : capacity;
   AsLibrary(gov, [&](Governor& g) {
     g.OnAccept(fd, addr != nullptr ? addr : nullptr, peer_len);
   });
   return fd;
+}
+
+void AfterListen(int fd) {
+  ListenWatch* watch = g_listen_watch.load(std::memory_order_acquire);
+  Governor* gov = watch != nullptr ? ActiveGovernor() : nullptr;
+  if (gov != nullptr) {
+    AsLibrary(gov, [watch, fd](Governor&) { watch->OnListen(fd); });
+  }
 }
 
 int AfterDup(int oldfd, int newfd) {
@@ -172,6 +184,13 @@ TRAFFICRATE_EXPORT int accept4(int fd, sockaddr* addr, socklen_t* len,
                           : syscall(SYS_accept4, fd, addr, len, flags);
   });
   return trafficrate::AfterAccept(r, addr, len, capacity);
+}
+
+TRAFFICRATE_EXPORT int listen(int fd, int backlog) {
+  const int r = g_real.listen ? g_real.listen(fd, backlog)
+                              : syscall(SYS_listen, fd, backlog);
+  if (r == 0) trafficrate::AfterListen(fd);
+  return r;
 }
 
 TRAFFICRATE_EXPORT int epoll_create(int size) {

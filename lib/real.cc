@@ -33,6 +33,7 @@ int ResolveRealFunctions() {
   int missing = 0;
   missing += !Resolve("accept", &r.accept);
   missing += !Resolve("accept4", &r.accept4);
+  missing += !Resolve("listen", &r.listen);
   missing += !Resolve("close", &r.close);
   missing += !Resolve("epoll_create", &r.epoll_create);
   missing += !Resolve("epoll_create1", &r.epoll_create1);

@@ -19,6 +19,7 @@ namespace trafficrate {
 struct RealFunctions {
   int (*accept)(int, sockaddr*, socklen_t*);
   int (*accept4)(int, sockaddr*, socklen_t*, int);
+  int (*listen)(int, int);
   int (*close)(int);
   int (*epoll_create)(int);
   int (*epoll_create1)(int);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs clang and libFuzzer if missing, builds the fuzz targets of
 # tests/fuzz with clang (ASan + UBSan, build-fuzz/) and runs each for its
-# share of the time: config_fuzz (every TRAFFICRATE_* parser) a fifth,
+# share of the time: config_fuzz (every TRAFFICRATE_* parser) a sixth,
 # zone_fuzz (zone attach, validation and the Locked API on any image) and
-# snapshot_fuzz (what `trafficrate stat` and `top` read) two fifths each.
+# snapshot_fuzz (what `trafficrate stat` and `top` read) a third each, and
+# elf_probe_fuzz (the program inspector of run, check and the library) a
+# sixth.
 # Each starts from the committed seeds (tests/fuzz/seeds/<target>/) and from
 # seeds made afresh for the current layout (make_fuzz_seeds), copied into a
 # scratch corpus: nothing is written into the tree. The targets run side by
@@ -43,6 +45,7 @@ targets=(
   "config_fuzz 1 4096"
   "zone_fuzz 2 65536"
   "snapshot_fuzz 2 65536"
+  "elf_probe_fuzz 1 65536"
 )
 if [[ -n $only ]]; then
   for t in "${targets[@]}"; do

@@ -12,6 +12,7 @@ TRAFFICRATE_PACKAGES=(
   libhiredis-dev redis-server     # the Redis exchange and its tests (issue 13)
   python3 python3-pytest python3-prometheus-client
   nginx curl wrk openssl iproute2 util-linux procps
+  caddy                           # a Go server (test_bypass.py: `run` says it is not paced)
   apache2 lighttpd aria2 nodejs   # the other real servers and client of test_servers.py
   systemd                         # systemd-socket-activate (test_inherited.py), systemd-analyze
   man-db                          # man -l, lexgrog (test_manual.py, test_package.py)

@@ -45,11 +45,11 @@ if ((!quick)); then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2
 
-  stage "zone, fd table, governor, snapshot and cluster agent tests under ThreadSanitizer"
+  stage "zone, fd table, governor, snapshot, cluster agent and listen watch tests under ThreadSanitizer"
   # Only the test programs that hold these suites (the rest would be built
   # for nothing; ctest's -R below leaves their NOT_BUILT entries out).
   tsan_targets=()
-  for test_file in "$TRAFFICRATE_ROOT"/tests/{zone,fd_table,governor,snapshot,cluster_agent}*_test.cc; do
+  for test_file in "$TRAFFICRATE_ROOT"/tests/{zone,fd_table,governor,snapshot,cluster_agent,bypass_watch}*_test.cc; do
     tsan_targets+=("$(basename "$test_file" .cc)")
   done
   cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
@@ -58,7 +58,7 @@ if ((!quick)); then
   cmake --build "$TRAFFICRATE_ROOT/build-tsan" --target "${tsan_targets[@]}"
   TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -j2 \
-    -R '^(ZoneTest|ZoneLayoutTest|ZoneLockTest|FdTableTest|GovernorTest|GovernorPassTest|GovernorLockTest|SnapshotTest|ClusterAgentTest)\.'
+    -R '^(ZoneTest|ZoneLayoutTest|ZoneLockTest|FdTableTest|GovernorTest|GovernorPassTest|GovernorLockTest|SnapshotTest|ClusterAgentTest|BypassWatchTest)\.'
 fi
 
 if ((!quick)); then

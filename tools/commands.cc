@@ -26,6 +26,7 @@
 #include "src/zone_file.h"
 #include "tools/cli.h"
 #include "tools/format.h"
+#include "tools/program_check.h"
 
 namespace trafficrate {
 namespace {
@@ -134,6 +135,12 @@ int RunCommand(const std::vector<std::string>& raw) {
                                 ? absl::StrCat(library, ":", preload)
                                 : library;
   setenv("LD_PRELOAD", value.c_str(), 1);
+  // It still runs: a launcher may start a program the library can pace.
+  if (const std::string line =
+          NotPacedLine(args.command[0], config->log == LogTarget::kStderr);
+      !line.empty()) {
+    std::fprintf(stderr, "trafficrate: %s\n", line.c_str());
+  }
   std::vector<char*> argv;
   for (const std::string& a : args.command) {
     argv.push_back(const_cast<char*>(a.c_str()));
@@ -302,7 +309,7 @@ void AppendSharedSettings(const Config& config, std::string* out) {
 int CheckCommand(const std::vector<std::string>& raw) {
   ParsedArgs args;
   int rc = kExitOk;
-  if (!Parse("check", raw, false, &args, &rc) ||
+  if (!Parse("check", raw, true, &args, &rc) ||
       !NoPositionals("check", args, &rc)) {
     return rc;
   }
@@ -342,7 +349,13 @@ int CheckCommand(const std::vector<std::string>& raw) {
                         "stops taking a share\n",
                         FormatDurationNs(config->idle_ns));
   AppendSharedSettings(*config, &out);
+  // A program the library cannot pace (or that cannot run) fails the check.
+  const std::string program_problem =
+      args.command.empty() ? "" : DescribeProgram(args.command[0], &out);
   std::fputs(out.c_str(), stdout);
+  if (!program_problem.empty()) {
+    std::fprintf(stderr, "trafficrate: %s\n", program_problem.c_str());
+  }
   if (const std::vector<std::string> shadowed = Shadowed(*config);
       !shadowed.empty()) {
     for (const std::string& line : shadowed) {
@@ -350,7 +363,7 @@ int CheckCommand(const std::vector<std::string>& raw) {
     }
     return kExitFailed;
   }
-  return kExitOk;
+  return program_problem.empty() ? kExitOk : kExitFailed;
 }
 
 int StatCommand(const std::vector<std::string>& raw) {

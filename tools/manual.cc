@@ -191,7 +191,13 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "variables already set are kept unless an option overrides them. A "
         "rate (or a rules file, --config) is required; the configuration is "
         "checked with the library's own parser first, and a rules file with "
-        "a rule that can never match is refused."},
+        "a rule that can never match is refused.",
+        "COMMAND is found as execvp finds it (PATH) and looked at first: a "
+        "Go program (it makes its system calls itself), a statically linked "
+        "one or one of another machine cannot be paced, and run says so in "
+        "one line on stderr (of a dynamically linked Go program, the library "
+        "says it as it starts), then runs it all the same (a launcher may "
+        "start programs that can be paced); see `trafficrate help limits`."},
        {},
        {"trafficrate run --rate 500k -- nginx -g 'daemon off;'",
         "trafficrate run --rate 1m --ports 80,443 -- apache2ctl -D FOREGROUND",
@@ -199,18 +205,25 @@ std::vector<CommandDoc>* MakeCommandDocs() {
         "server.js"}},
       {"check",
        "validate a configuration and print what it means",
-       "[OPTIONS]",
+       "[OPTIONS] [-- COMMAND [ARGS...]]",
        {"Validates the configuration a server would get (the TRAFFICRATE_* "
         "variables of this environment, overridden by the options, which are "
         "those of run) and prints what it means; with a rules file "
         "(--config), its rules in the order the library applies them. Exits "
         "1 with the library's own message if it is invalid, or with a "
         "warning naming both rules if a rule can never match (an earlier "
-        "one takes every connection it would)."},
+        "one takes every connection it would).",
+        "Given the command run would be given (after --), it also looks at "
+        "the program, as run does, and exits 1 with one line if it cannot "
+        "be found or executed, or cannot be paced (a Go program, a "
+        "statically linked one, one of another machine): a check to make "
+        "before starting a server. A script is not looked into: what it "
+        "starts gets the library."},
        {},
        {"trafficrate check --rate 500k --key peer/24,64 --after 1m",
         "TRAFFICRATE_RATE=500k trafficrate check",
-        "trafficrate check --config /etc/trafficrate/rules.conf"}},
+        "trafficrate check --config /etc/trafficrate/rules.conf",
+        "trafficrate check --rate 500k -- nginx -g 'daemon off;'"}},
       {"stat",
        "show a zone's clients, connections, shares and bytes",
        "[--zone NAME] [--json | --prometheus] [--top N] [--sort active|bytes]",
@@ -354,8 +367,9 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "client's connections share (budget), applied by the kernel's own "
         "TCP pacing (SO_MAX_PACING_RATE), so non-blocking sockets, sendfile, "
         "splice and TLS work exactly as before.",
-        "The library interposes accept, accept4, the send family, sendfile, "
-        "splice, close and dup; it registers each accepted TCP connection "
+        "The library interposes accept, accept4, listen, the send family, "
+        "sendfile, splice, close and dup; it registers each accepted TCP "
+        "connection "
         "in a shared memory zone (ZONE below), counts the client's sending "
         "connections there and pushes each new share to the sibling "
         "connections in every process within milliseconds. A connection "
@@ -492,6 +506,19 @@ std::vector<TopicDoc>* MakeTopicDocs() {
         "segments (the kernel does not pace them); sockets the process did "
         "not accept and no governed process passed it; connections accepted "
         "while the zone is full.",
+        "* Programs that bypass libc are not paced at all, and say so in one "
+        "line. `trafficrate run` and `check -- COMMAND` look at the program: "
+        "a Go program (it makes its system calls itself, even dynamically "
+        "linked), a statically linked one (no dynamic loader runs, so "
+        "LD_PRELOAD loads nothing) or one of another word size or machine; "
+        "check then exits 1. The library says it of a Go program when it "
+        "starts, and of a process that holds connections on a port it "
+        "listens on that no accept() or accept4() returned (io_uring, a raw "
+        "system call), looking 5 s after its first listen() and a few times "
+        "later. To pace such a server, put one the library paces in front of "
+        "it (nginx as a reverse proxy, run under trafficrate); a static C "
+        "or C++ server can be linked dynamically instead, and an io_uring "
+        "one configured without io_uring.",
         "* On paths with a minimum RTT under 512 us (loopback, one LAN "
         "segment) Linux builds TSO packets of up to 64 KiB whatever the "
         "pacing rate, so the rate is right on average but arrives in 64 KiB "

@@ -1,13 +1,16 @@
 // Writes the seed inputs of the fuzz targets (format: fuzz_util.h) into
 // DIR/<target>/: images of real zones (made with Zone::OpenOrCreate, a few
 // keys, processes and connections registered through the Locked API, some
-// joined) and a valid value for each parser. scripts/fuzz.sh runs it before
-// each run, so the seeds always match the current layout;
+// joined), a valid value for each parser, and small programs of each kind
+// for elf_probe_fuzz (a script; ELF images with an interpreter, Go's note
+// and sections, made here: real programs are megabytes). scripts/fuzz.sh runs
+// it before each run, so the seeds always match the current layout;
 // tests/fuzz/seeds/ holds one such set, committed.
 //
 //   make_fuzz_seeds tests/fuzz/seeds
 
 #include <arpa/inet.h>
+#include <elf.h>
 #include <linux/futex.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
@@ -319,6 +322,109 @@ bool WriteConfigSeeds(const std::string& dir) {
   return true;
 }
 
+template <typename T>
+void Put(Bytes* image, size_t offset, const T& value) {
+  if (image->size() < offset + sizeof(T)) image->resize(offset + sizeof(T));
+  std::memcpy(image->data() + offset, &value, sizeof(T));
+}
+
+void PutText(Bytes* image, size_t offset, absl::string_view text) {
+  if (image->size() < offset + text.size()) {
+    image->resize(offset + text.size());
+  }
+  std::memcpy(image->data() + offset, text.data(), text.size());
+}
+
+// An x86-64 ELF image: a PT_INTERP (if `interpreter`), a PT_NOTE with Go's
+// build ID note (if `go_note`), and sections named `sections` (and
+// .shstrtab).
+Bytes ElfSeed(const char* interpreter, bool go_note,
+              const std::vector<std::string>& sections) {
+  Bytes image;
+  Elf64_Ehdr h{};
+  std::memcpy(h.e_ident, ELFMAG, SELFMAG);
+  h.e_ident[EI_CLASS] = ELFCLASS64;
+  h.e_ident[EI_DATA] = ELFDATA2LSB;
+  h.e_ident[EI_VERSION] = EV_CURRENT;
+  h.e_type = ET_EXEC;
+  h.e_machine = EM_X86_64;
+  h.e_version = EV_CURRENT;
+  h.e_ehsize = sizeof(h);
+  h.e_phoff = sizeof(h);
+  h.e_phentsize = sizeof(Elf64_Phdr);
+  h.e_phnum = 2;
+  size_t at = sizeof(h) + 2 * sizeof(Elf64_Phdr);
+  Elf64_Phdr ph{};
+  if (interpreter != nullptr) {
+    ph.p_type = PT_INTERP;
+    ph.p_offset = at;
+    ph.p_filesz = std::strlen(interpreter) + 1;
+    PutText(&image, at, absl::string_view(interpreter, ph.p_filesz));
+    at += (ph.p_filesz + 7) & ~size_t{7};
+  }
+  Put(&image, sizeof(h), ph);
+  if (go_note) {
+    // namesz 4 ("Go\0\0"), descsz 8, type 4 (the build ID).
+    Elf64_Phdr note{};
+    note.p_type = PT_NOTE;
+    note.p_offset = at;
+    note.p_filesz = 12 + 4 + 8;
+    note.p_align = 4;
+    Put(&image, sizeof(h) + sizeof(Elf64_Phdr), note);
+    Put(&image, at, uint32_t{4});
+    Put(&image, at + 4, uint32_t{8});
+    Put(&image, at + 8, uint32_t{4});
+    PutText(&image, at + 12, absl::string_view("Go\0\0buildid!", 12));
+    at += note.p_filesz;
+  }
+  std::string names(1, '\0');
+  std::vector<Elf64_Shdr> headers(1);
+  for (const std::string& name : sections) {
+    Elf64_Shdr sh{};
+    sh.sh_name = names.size();
+    sh.sh_type = SHT_PROGBITS;
+    headers.push_back(sh);
+    names += name + '\0';
+  }
+  Elf64_Shdr strtab{};
+  strtab.sh_name = names.size();
+  names += std::string(".shstrtab") + '\0';
+  strtab.sh_type = SHT_STRTAB;
+  strtab.sh_offset = at;
+  strtab.sh_size = names.size();
+  headers.push_back(strtab);
+  PutText(&image, at, names);
+  at = (at + names.size() + 7) & ~size_t{7};
+  h.e_shoff = at;
+  h.e_shentsize = sizeof(Elf64_Shdr);
+  h.e_shnum = headers.size();
+  h.e_shstrndx = headers.size() - 1;
+  for (size_t i = 0; i < headers.size(); ++i) {
+    Put(&image, at + i * sizeof(Elf64_Shdr), headers[i]);
+  }
+  Put(&image, 0, h);
+  return image;
+}
+
+bool WriteElfSeeds(const std::string& dir) {
+  const std::string elf_dir = dir + "/elf_probe_fuzz";
+  mkdir(elf_dir.c_str(), 0755);
+  const std::string script = "#!/bin/sh -e\nexec nginx\n";
+  const std::vector<std::pair<const char*, Bytes>> seeds = {
+      {"script", Bytes(script.begin(), script.end())},
+      {"dynamic", ElfSeed("/lib64/ld-linux-x86-64.so.2", false,
+                          {".interp", ".text", ".data"})},
+      {"dynamic_go", ElfSeed("/lib64/ld-linux-x86-64.so.2", true,
+                             {".note.go.buildid", ".text", ".go.buildinfo"})},
+      {"static_go", ElfSeed(nullptr, false, {".text", ".gopclntab"})},
+      {"static", ElfSeed(nullptr, false, {".text"})},
+  };
+  for (const auto& [name, bytes] : seeds) {
+    if (!WriteFile(elf_dir + "/" + name, bytes)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace fuzz
 }  // namespace trafficrate
@@ -331,7 +437,8 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   mkdir(dir.c_str(), 0755);
   if (!trafficrate::fuzz::WriteZoneSeeds(dir) ||
-      !trafficrate::fuzz::WriteConfigSeeds(dir)) {
+      !trafficrate::fuzz::WriteConfigSeeds(dir) ||
+      !trafficrate::fuzz::WriteElfSeeds(dir)) {
     std::fprintf(stderr, "make_fuzz_seeds: could not write the seeds\n");
     return 1;
   }
