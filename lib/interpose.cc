@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -27,10 +28,6 @@
 namespace trafficrate {
 namespace {
 
-inline Governor* ActiveGovernor() {
-  return t_in_library ? nullptr : g_governor.load(std::memory_order_acquire);
-}
-
 // Runs library code for one interposed call.
 template <typename Body>
 inline void AsLibrary(Governor* gov, Body body) {
@@ -39,6 +36,24 @@ inline void AsLibrary(Governor* gov, Body body) {
   body(*gov);
   t_in_library = false;
   errno = saved_errno;
+}
+
+// A new process (fork, or a raw clone that skipped pthread_atfork) is set
+// up at its first interposed call; a call that finds another thread doing
+// so passes through.
+bool RenewProcess(Governor* gov) {
+  bool current = false;
+  AsLibrary(gov, [&](Governor& g) { current = g.RenewProcess(); });
+  return current;
+}
+
+inline Governor* ActiveGovernor() {
+  if (t_in_library) return nullptr;
+  Governor* gov = g_governor.load(std::memory_order_acquire);
+  if (gov != nullptr && !gov->ProcessCurrent() && !RenewProcess(gov)) {
+    return nullptr;
+  }
+  return gov;
 }
 
 // A send on fd: the share is applied before the data is queued, so that not
@@ -124,6 +139,21 @@ int AfterEpollCreate(int epfd) {
     AsLibrary(gov, [epfd](Governor& g) { g.OnEpollCreate(epfd); });
   }
   return epfd;
+}
+
+// A lower RLIMIT_NPROC may leave the process unable to start threads (it is
+// checked at clone, once the process has dropped to a user that runs as
+// many): privilege-separating servers (vsftpd's session processes) set it
+// to 0 before they are handed their sockets. The watcher is started first.
+template <typename Limit>
+void BeforeSetLimit(pid_t pid, int resource, const Limit* limit) {
+  if (resource != RLIMIT_NPROC || limit == nullptr ||
+      limit->rlim_cur == RLIM_INFINITY) {
+    return;
+  }
+  Governor* gov = ActiveGovernor();
+  if (gov == nullptr || (pid != 0 && pid != getpid())) return;
+  AsLibrary(gov, [](Governor& g) { g.BeforeThreadLimit(); });
 }
 
 void BeforeCloseRange(unsigned int first, unsigned int last) {
@@ -404,4 +434,33 @@ TRAFFICRATE_EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out,
                : syscall(SYS_splice, fd_in, off_in, fd_out, off_out, len,
                          flags);
   });
+}
+
+TRAFFICRATE_EXPORT int setrlimit(__rlimit_resource_t resource,
+                                 const rlimit* limit) {
+  trafficrate::BeforeSetLimit(0, resource, limit);
+  return g_real.setrlimit ? g_real.setrlimit(resource, limit)
+                          : syscall(SYS_prlimit64, 0, resource, limit, nullptr);
+}
+
+TRAFFICRATE_EXPORT int setrlimit64(__rlimit_resource_t resource,
+                                   const rlimit64* limit) {
+  trafficrate::BeforeSetLimit(0, resource, limit);
+  return g_real.setrlimit64
+             ? g_real.setrlimit64(resource, limit)
+             : syscall(SYS_prlimit64, 0, resource, limit, nullptr);
+}
+
+TRAFFICRATE_EXPORT int prlimit(pid_t pid, __rlimit_resource resource,
+                               const rlimit* limit, rlimit* old) {
+  trafficrate::BeforeSetLimit(pid, resource, limit);
+  return g_real.prlimit ? g_real.prlimit(pid, resource, limit, old)
+                        : syscall(SYS_prlimit64, pid, resource, limit, old);
+}
+
+TRAFFICRATE_EXPORT int prlimit64(pid_t pid, __rlimit_resource resource,
+                                 const rlimit64* limit, rlimit64* old) {
+  trafficrate::BeforeSetLimit(pid, resource, limit);
+  return g_real.prlimit64 ? g_real.prlimit64(pid, resource, limit, old)
+                          : syscall(SYS_prlimit64, pid, resource, limit, old);
 }

@@ -55,6 +55,10 @@ int ResolveRealFunctions() {
   missing += !Resolve("splice", &r.splice);
   missing += !Resolve("recvmsg", &r.recvmsg);
   missing += !Resolve("recvmmsg", &r.recvmmsg);
+  missing += !Resolve("setrlimit", &r.setrlimit);
+  missing += !Resolve("setrlimit64", &r.setrlimit64);
+  missing += !Resolve("prlimit", &r.prlimit);
+  missing += !Resolve("prlimit64", &r.prlimit64);
   g_real = r;
   return missing;
 }

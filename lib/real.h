@@ -8,6 +8,7 @@
 #ifndef TRAFFICRATE_LIB_REAL_H_
 #define TRAFFICRATE_LIB_REAL_H_
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -40,6 +41,10 @@ struct RealFunctions {
   ssize_t (*splice)(int, loff_t*, int, loff_t*, size_t, unsigned int);
   ssize_t (*recvmsg)(int, msghdr*, int);
   int (*recvmmsg)(int, mmsghdr*, unsigned int, int, timespec*);
+  int (*setrlimit)(__rlimit_resource_t, const rlimit*);
+  int (*setrlimit64)(__rlimit_resource_t, const rlimit64*);
+  int (*prlimit)(pid_t, __rlimit_resource, const rlimit*, rlimit*);
+  int (*prlimit64)(pid_t, __rlimit_resource, const rlimit64*, rlimit64*);
 };
 
 // Constant-initialized to null; filled by ResolveRealFunctions().

@@ -16,6 +16,7 @@ TRAFFICRATE_PACKAGES=(
   apache2 lighttpd aria2 nodejs   # the other real servers and client of test_servers.py
   systemd                         # systemd-socket-activate (test_inherited.py), systemd-analyze
   man-db                          # man -l, lexgrog (test_manual.py, test_package.py)
+  vsftpd                          # test_vsftpd.py (issue 32: sessions made with a raw clone)
 )
 # Only for scripts/fuzz.sh: clang, and libFuzzer with the sanitizer runtimes
 # (libclang_rt.fuzzer-x86_64.a is in libclang-rt-14-dev, which clang only

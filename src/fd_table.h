@@ -62,6 +62,17 @@ inline uint32_t KeptDrainSlot(uint64_t state) {
 // zone lock was held too long, or the watcher had not started): its next
 // send tries again. Like a kept drain's, a connection index no zone has.
 inline constexpr uint64_t kRegisterPending = (1ULL << 61) | 0xffffffffu;
+// A socket the process inherited (Governor::AdoptInherited) waits in that
+// state too, until its first send: a process that never sends on it (a
+// shell that execs the program that does) takes no process slot. Its fds
+// (inetd's 0 and 1) carry its first fd + 1, in bits 32..60, so that the
+// first send through any of them registers the socket once for all.
+inline uint64_t PendingGroupState(int first_fd) {
+  return kRegisterPending | (uint64_t(first_fd + 1) & 0x1fffffffu) << 32;
+}
+inline bool IsRegisterPending(uint64_t state) {
+  return (state & ~(uint64_t{0x1fffffffu} << 32)) == kRegisterPending;
+}
 inline uint64_t PackState(uint32_t conn_index, uint32_t cookie) {
   return kTracked | (uint64_t{cookie & 0x7fffffffu} << 32) | conn_index;
 }

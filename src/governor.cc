@@ -269,7 +269,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
 
 void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
                         const uint8_t peer16[16], uint16_t peer_port,
-                        uint64_t expected) {
+                        uint64_t expected, bool inherited) {
   if (zone_->corrupt()) return;
   const uint32_t proc = EnsureProc();
   if (proc == kNoSlot) {
@@ -289,7 +289,13 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
       return;
     }
     const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
-    if (k != kNoSlot) {
+    if (k != kNoSlot && inherited) {
+      conn = zone_->FindConnLocked(k, peer16, peer_port);
+    }
+    if (k != kNoSlot && conn != kNoSlot) {
+      cookie =
+          Zone::CookieOf(zone_->conn(conn).seq.load(std::memory_order_relaxed));
+    } else if (k != kNoSlot) {
       conn = zone_->RegisterConnLocked(k, proc, fd, peer16, peer_port);
       if (conn == kNoSlot) {
         zone_->ReleaseKeyIfUnusedLocked(k);
@@ -402,33 +408,65 @@ void Governor::RegisterPending() {
   }
 }
 
-void Governor::RetryRegister(int fd, FdEntry& entry) {
+void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   // While the lock is still held, or the watcher still starts, no system
   // call: the send goes out unpaced, as it would without the library.
   if (zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
       RulesStale()) {
     return;
   }
-  uint64_t pending = kRegisterPending;
-  if (!entry.state.compare_exchange_strong(pending, 0,
+  uint64_t expected = pending;
+  if (!entry.state.compare_exchange_strong(expected, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it
   }
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
+  bool is_conn;
   {
     const RuleTableRead rules(*this);
-    if (!Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
-                  &peer_port)) {
-      return;
-    }
+    is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
+                       &peer_port);
   }
-  Register(fd, entry, key, peer16, peer_port);
+  if (is_conn) {
+    Register(fd, entry, key, peer16, peer_port, /*expected=*/0,
+             /*inherited=*/pending != kRegisterPending);
+  }
+  if (pending != kRegisterPending) SettleGroup(fd, entry, pending);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
   if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
     JoinSlow(fd, entry, state);
   }
+}
+
+void Governor::SettleGroup(int fd, FdEntry& entry, uint64_t pending) {
+  const uint64_t state = entry.state.load(std::memory_order_acquire);
+  if (state == kRegisterPending) {
+    // Not registered yet (the zone lock is held, the watcher starts): the
+    // group waits on, for the next send through any of its fds.
+    entry.state.store(pending, std::memory_order_release);
+    return;
+  }
+  const int high_water = table_->high_water();
+  for (int other = 0; other < high_water; ++other) {
+    FdEntry& mate = *table_->Get(other);
+    uint64_t expected = pending;
+    if (other == fd || !mate.state.compare_exchange_strong(
+                           expected, 0, std::memory_order_acq_rel)) {
+      continue;
+    }
+    if (state != 0) CopyRegistration(entry, state, mate, other);
+  }
+}
+
+void Governor::CopyRegistration(const FdEntry& from, uint64_t state,
+                                FdEntry& to, int newfd) {
+  AddLocalRef(StateConn(state), StateCookie(state));
+  to.applied.store(from.applied.load(std::memory_order_relaxed),
+                   std::memory_order_relaxed);
+  to.state.store(state, std::memory_order_release);
+  table_->NoteTracked(newfd);
 }
 
 void Governor::BeforeSend(int fd) {
@@ -437,7 +475,7 @@ void Governor::BeforeSend(int fd) {
   const uint64_t state = entry->state.load(std::memory_order_acquire);
   if (state == 0) return;
   if (StateConn(state) >= zone_->conn_capacity()) {
-    if (state == kRegisterPending) RetryRegister(fd, *entry);
+    if (IsRegisterPending(state)) RetryRegister(fd, *entry, state);
     return;
   }
   // A tick's precision is plenty for idleness (TRAFFICRATE_IDLE is 200 ms by
@@ -812,7 +850,21 @@ void Governor::FinishDeferredReleases() {
   if (push) zone_->WakeWatchers();
 }
 
-void Governor::OnClose(int fd) { CloseFd(fd, /*may_keep_fd=*/true); }
+void Governor::OnClose(int fd) {
+  if (!Concerns(fd) || SharedWithParent()) return;
+  CloseFd(fd, /*may_keep_fd=*/true);
+}
+
+bool Governor::Concerns(int fd) const {
+  const FdEntry* entry = table_->Get(fd);
+  if (entry != nullptr && entry->state.load(std::memory_order_relaxed) != 0) {
+    return true;
+  }
+  for (const std::atomic<int32_t>& epoll : epolls_) {
+    if (epoll.load(std::memory_order_relaxed) == fd + 1) return true;
+  }
+  return false;
+}
 
 void Governor::CloseFd(int fd, bool may_keep_fd) {
   for (std::atomic<int32_t>& epoll : epolls_) {
@@ -821,7 +873,7 @@ void Governor::CloseFd(int fd, bool may_keep_fd) {
       epoll.compare_exchange_strong(known, 0, std::memory_order_relaxed);
     }
   }
-  const uint64_t state = Detach(fd);
+  const uint64_t state = DetachHere(fd);
   // Budget mode: a connection closed with data unsent keeps its place in
   // its key (and keeps counting) until the kernel has sent it.
   if (state != 0 && !IsKeptDrain(state) && BudgetWanted() &&
@@ -844,6 +896,15 @@ void Governor::OnEpollCreate(int epfd) {
 }
 
 uint64_t Governor::Detach(int fd) {
+  const FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr || entry->state.load(std::memory_order_relaxed) == 0 ||
+      SharedWithParent()) {
+    return 0;
+  }
+  return DetachHere(fd);
+}
+
+uint64_t Governor::DetachHere(int fd) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr || entry->state.load(std::memory_order_relaxed) == 0) {
     return 0;
@@ -864,6 +925,18 @@ void Governor::Reattach(int fd, uint64_t state) {
 void Governor::OnCloseRange(unsigned int first, unsigned int last) {
   const unsigned int high_water =
       static_cast<unsigned int>(table_->high_water());
+  bool concerns = false;
+  for (unsigned int fd = first; fd < high_water && fd <= last && !concerns;
+       ++fd) {
+    concerns = table_->Get(static_cast<int>(fd))
+                   ->state.load(std::memory_order_relaxed) != 0;
+  }
+  for (const std::atomic<int32_t>& epoll : epolls_) {
+    const int32_t known = epoll.load(std::memory_order_relaxed);
+    concerns |= known > 0 && static_cast<unsigned int>(known - 1) >= first &&
+                static_cast<unsigned int>(known - 1) <= last;
+  }
+  if (!concerns || SharedWithParent()) return;
   for (unsigned int fd = first; fd < high_water && fd <= last; ++fd) {
     CloseFd(static_cast<int>(fd), /*may_keep_fd=*/false);
   }
@@ -880,6 +953,7 @@ void Governor::OnDup(int oldfd, int newfd) {
   FdEntry* from = table_->Get(oldfd);
   FdEntry* to = table_->Get(newfd);
   if (from == nullptr || to == nullptr || oldfd == newfd) return;
+  if (!Concerns(oldfd) || SharedWithParent()) return;
   for (const std::atomic<int32_t>& epoll : epolls_) {
     if (epoll.load(std::memory_order_relaxed) == oldfd + 1) {
       OnEpollCreate(newfd);  // the same epoll set under another number
@@ -888,16 +962,18 @@ void Governor::OnDup(int oldfd, int newfd) {
   }
   const uint64_t state = from->state.load(std::memory_order_acquire);
   // A pending registration stays with the fd it was accepted on: two
-  // retries would count the connection twice.
+  // retries would count the connection twice. An inherited socket's group
+  // takes the new fd in.
   if (state == 0 || IsKeptDrain(state) || state == kRegisterPending) return;
   if (to->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*to));
   }
-  AddLocalRef(StateConn(state), StateCookie(state));
-  to->applied.store(from->applied.load(std::memory_order_relaxed),
-                    std::memory_order_relaxed);
-  to->state.store(state, std::memory_order_release);
-  table_->NoteTracked(newfd);
+  if (IsRegisterPending(state)) {
+    to->state.store(state, std::memory_order_release);
+    table_->NoteTracked(newfd);
+    return;
+  }
+  CopyRegistration(*from, state, *to, newfd);
 }
 
 namespace {
@@ -1141,8 +1217,9 @@ int Governor::AdoptInherited() {
     if (!client) continue;  // an outgoing connection the parent made
     FdEntry* entry = table_->Get(fd);
     if (entry == nullptr) continue;
-    OnAccept(fd, nullptr, 0);  // not connected (no peer): left alone
-    if (entry->state.load(std::memory_order_acquire) == 0) continue;
+    // Registered (and classified: client, key, rules) at its first send.
+    entry->state.store(PendingGroupState(fd), std::memory_order_release);
+    table_->NoteTracked(fd);
     ++governed;
     if (sockets < kMaxSockets) {
       inodes[sockets] = inode;
@@ -1183,9 +1260,35 @@ void Governor::AfterForkChild() {
   }
   deferred_count_.store(0, std::memory_order_relaxed);
   zone_->CheckHeader();
+  process_.Arm();
+}
+
+bool Governor::RenewProcess() {
+  if (!process_.BeginRenew()) return process_.Current();
+  // Made with a raw clone, the kernel holds no robust list for this thread.
+  ReregisterRobustList();
+  AfterForkChild();
+  return true;
+}
+
+bool Governor::SharedWithParent() const {
+  return static_cast<int32_t>(getpid()) != pid_;
 }
 
 uint32_t Governor::EnsureProc() { return watcher_.EnsureStarted(); }
+
+void Governor::BeforeThreadLimit() {
+  if (local_ == nullptr || zone_->corrupt() || SharedWithParent()) return;
+  const int high_water = table_->high_water();
+  for (int fd = 0; fd < high_water; ++fd) {
+    const uint64_t state =
+        table_->Get(fd)->state.load(std::memory_order_relaxed);
+    if (state != 0 && !IsKeptDrain(state)) {
+      EnsureProc();
+      return;
+    }
+  }
+}
 
 void Governor::StopWatcher() { watcher_.Stop(); }
 
@@ -1402,8 +1505,12 @@ void Governor::PassThroughAll() {
     // Pinned, so that the host cannot close the fd meanwhile (a close
     // clears the state first, then waits for the pin).
     if (!FdTable::TryPin(entry, state, /*wait=*/true)) continue;
-    // A pending one too: it was paced at its rule's rate (MarkPending).
-    setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced, sizeof(kUnpaced));
+    // A pending one too: it was paced at its rule's rate (MarkPending). An
+    // inherited socket's group was not: it waits for its first send.
+    if (state == kRegisterPending || !IsRegisterPending(state)) {
+      setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
+                 sizeof(kUnpaced));
+    }
     uint64_t expected = state;
     entry.state.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
     FdTable::Unpin(entry);

@@ -34,6 +34,7 @@
 #include "src/fd_table.h"
 #include "src/key.h"
 #include "src/log.h"
+#include "src/process_token.h"
 #include "src/rules.h"
 #include "src/rules_file.h"
 #include "src/watcher.h"
@@ -142,6 +143,7 @@ class Governor {
   // alone.
   void OnReceivedFds(const msghdr* msg);
   // At start-up (the library's constructor, TRAFFICRATE_INHERITED): governs
+  // (registers at their first send, see PendingGroupState)
   // the client connections the process inherited from its parent, such as
   // inetd's or systemd's (Accept=yes) fd 0/1, or socket-activation fds. A
   // connected TCP socket found then was made by no code of this program
@@ -155,8 +157,29 @@ class Governor {
   // Unreceived handoffs expire after this long: their sender then ends
   // the registrations it no longer holds an fd of.
   static constexpr int64_t kHandoffExpiryNs = 2'000'000'000;
-  // In the child, after fork: the watcher thread did not survive.
+  // In the child, after fork: the watcher thread did not survive. Arms the
+  // process token.
   void AfterForkChild();
+  // Whether the calling process is the one this Governor is set up for: one
+  // load, no system call (ProcessToken). False in a new process made with
+  // fork or a raw clone system call (which skips pthread_atfork) until
+  // RenewProcess has run in it. Hot path.
+  bool ProcessCurrent() const { return process_.Current(); }
+  // In a new process: AfterForkChild, once, by the first thread to call it
+  // (true); false for the others while it runs (their call passes through).
+  bool RenewProcess();
+  // Whether the caller runs in a child made with CLONE_VM (vfork,
+  // posix_spawn; Python's subprocess closes and dup2s fds there, through
+  // libc, before its exec): its memory is its parent's, but its fd table is
+  // its own, so the library must leave the parent's state alone. One
+  // getpid(): only on calls about a governed fd.
+  bool SharedWithParent() const;
+  // Before a call that may leave the process unable to start threads (a
+  // lower RLIMIT_NPROC): if it holds governed connections, starts its
+  // watcher now, for them and for those it may be passed later (vsftpd's
+  // transfer process is handed its data connections after it dropped its
+  // privileges and set RLIMIT_NPROC to 0).
+  void BeforeThreadLimit();
   // After epoll_create/epoll_create1 returned epfd. A socket kept open
   // past the host's close (KeepDraining) is first taken out of the host's
   // epoll sets, which would otherwise go on reporting it.
@@ -234,10 +257,13 @@ class Governor {
  private:
   // Registers fd's connection; its fd entry must still hold `expected`
   // then (0, or kRegisterPending from RegisterPending), else the
-  // registration ends at once (the fd was closed meanwhile).
+  // registration ends at once (the fd was closed meanwhile). inherited: the
+  // socket came from the process's parent (an exec'd CGI helper's stdout);
+  // a registration its accepting process made is taken over, as a forked
+  // child's would be, rather than counted twice.
   void Register(int fd, FdEntry& entry, const ConnKey& key,
                 const uint8_t peer16[16], uint16_t peer_port,
-                uint64_t expected = 0);
+                uint64_t expected = 0, bool inherited = false);
   // A registration that could not be made (zone lock stalled, watcher not
   // started yet, rules being reloaded): the watcher makes it as soon as it
   // can (RegisterPending), or the fd's next send (RetryRegister). With its
@@ -254,7 +280,15 @@ class Governor {
              int64_t now_ns, uint64_t expected);
   // One received fd (OnReceivedFds).
   void ReceiveFd(int fd);
-  void RetryRegister(int fd, FdEntry& entry);
+  // pending: the state it had (kRegisterPending, or an inherited socket's
+  // PendingGroupState).
+  void RetryRegister(int fd, FdEntry& entry, uint64_t pending);
+  // After RetryRegister of an inherited socket's fd: its other fds (same
+  // pending group) take the registration, or none if it is not governed.
+  void SettleGroup(int fd, FdEntry& entry, uint64_t pending);
+  // Makes `to` (fd newfd) another fd of from's registration `state`.
+  void CopyRegistration(const FdEntry& from, uint64_t state, FdEntry& to,
+                        int newfd);
   // Deregisters a connection of this process; true if its key still has
   // senders to push to.
   bool DeregisterLocked(uint32_t index);
@@ -320,6 +354,11 @@ class Governor {
   // close_range, which would close that duplicate right after.
   bool KeepDraining(int fd, uint64_t state, bool may_keep_fd);
   void CloseFd(int fd, bool may_keep_fd);
+  // Detach, in the process that owns this memory (no SharedWithParent).
+  uint64_t DetachHere(int fd);
+  // Whether closing or replacing fd concerns the library (a governed fd, a
+  // kept drain, or a host's epoll fd).
+  bool Concerns(int fd) const;
   // A private duplicate of fd, above the host's fds, for drain `slot`,
   // taken out of the host's epoll sets; -1 if it should not or cannot be.
   int KeepFd(int fd, uint32_t slot);
@@ -425,7 +464,8 @@ class Governor {
   std::atomic<int32_t> epolls_[kMaxEpolls] = {};
   std::atomic<bool> epolls_unknown_{false};
   Watcher watcher_;
-  int32_t pid_;
+  int32_t pid_;  // getpid() of the process set up (SharedWithParent)
+  ProcessToken process_;
   // Releases deferred because the zone lock was held (DeferRelease).
   static constexpr int kDeferredSlots = 1024;
   std::atomic<uint64_t> deferred_[kDeferredSlots] = {};

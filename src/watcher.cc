@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "src/budget.h"
@@ -14,6 +16,23 @@ namespace {
 
 constexpr int64_t kStartWaitNs = 200 * kNsPerMs;
 constexpr size_t kStackBytes = 256 * 1024;
+
+// The process's pid as /proc shows it, which is what `trafficrate stat`
+// and `rm` see: in a new PID namespace (a container's, or a server's
+// sandbox) getpid() says 1 or another small number of that namespace.
+int32_t PidInProc() {
+  char buf[32];
+  const ssize_t n = readlink("/proc/self", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    buf[n] = '\0';
+    char* end = nullptr;
+    const long pid = std::strtol(buf, &end, 10);
+    if (end != buf && *end == '\0' && pid > 0 && pid <= INT32_MAX) {
+      return static_cast<int32_t>(pid);
+    }
+  }
+  return static_cast<int32_t>(getpid());
+}
 
 }  // namespace
 
@@ -76,6 +95,8 @@ void* Watcher::Main(void* self) {
 
 bool Watcher::Claim() {
   uint32_t me = kNoSlot;
+  const int32_t proc_pid = PidInProc();
+  uint32_t reaped = 0;  // connections of dead processes, released
   // The zone lock may be held for long (its holder stopped): wait for it in
   // bounded steps, for as long as the process wants the watcher.
   for (;;) {
@@ -85,20 +106,22 @@ bool Watcher::Claim() {
     }
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (lock.ok()) {
-      me = zone_->ClaimProcLocked(pid_, MonotonicNowNs(), &liveness_);
+      me = zone_->ClaimProcLocked(proc_pid, MonotonicNowNs(), &liveness_,
+                                  &reaped);
       break;
     }
     if (zone_->lock_stalled() && !zone_->RecheckLock()) {
       SleepNs(kWatcherLockWaitNs);
     }
   }
+  if (reaped > 0) zone_->WakeWatchers();
   if (me == kNoSlot) {
     state_.store(kFailed, std::memory_order_release);
     logger_->Error(
         "zone %s has no free process slot (%u); connections of "
         "process %d pass through unpaced; raise "
         "TRAFFICRATE_ZONE_SIZE",
-        zone_->name().c_str(), zone_->proc_capacity(), pid_);
+        zone_->name().c_str(), zone_->proc_capacity(), proc_pid);
     return false;
   }
   proc_.store(me, std::memory_order_release);

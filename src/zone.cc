@@ -613,6 +613,25 @@ uint32_t Zone::RegisterConnLocked(uint32_t key_index, uint32_t proc_index,
   return i;
 }
 
+uint32_t Zone::FindConnLocked(uint32_t key_index, const uint8_t peer[16],
+                              uint16_t peer_port) const {
+  if (key_index >= key_capacity()) return kNoSlot;
+  uint32_t left = keys_[key_index].refs.load(std::memory_order_relaxed);
+  for (uint32_t i = 0; i < conn_capacity() && left > 0; ++i) {
+    const ConnSlotShm& c = conns_[i];
+    if ((c.seq.load(std::memory_order_relaxed) & 1) == 0 ||
+        c.key_index.load(std::memory_order_relaxed) != key_index) {
+      continue;
+    }
+    --left;
+    if (__atomic_load_n(&c.peer_port, __ATOMIC_RELAXED) == peer_port &&
+        std::memcmp(c.peer, peer, sizeof(c.peer)) == 0) {
+      return i;
+    }
+  }
+  return kNoSlot;
+}
+
 void Zone::ReleaseKeyIfUnusedLocked(uint32_t key_index) {
   if (key_index >= key_capacity()) return;
   KeySlotShm& k = keys_[key_index];
@@ -919,8 +938,43 @@ bool Zone::MayBeHandedOff(uint32_t conn, uint32_t cookie) const {
          slot.cookie.load(std::memory_order_relaxed) == cookie;
 }
 
-uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
-                               HeldMutex* liveness) {
+uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns, HeldMutex* liveness,
+                               uint32_t* conns_reaped) {
+  uint32_t reaped = 0;
+  const uint32_t high_water =
+      std::min(header_->procs_high_water.load(std::memory_order_relaxed),
+               proc_capacity());
+  for (uint32_t i = 0; i < high_water; ++i) {
+    const ProcSlotShm& p = procs_[i];
+    uint32_t conns = 0;
+    // The kernel marks a robust mutex owner-died when its owner exits or
+    // execs (a slot whose owner let it go on purpose is left alone here).
+    const int word =
+        __atomic_load_n(&p.liveness.__data.__lock, __ATOMIC_ACQUIRE);
+    if (p.state.load(std::memory_order_relaxed) == kProcLive &&
+        p.pid.load(std::memory_order_relaxed) == pid &&
+        (word & FUTEX_OWNER_DIED) != 0 && ReapIfDeadLocked(i, &conns)) {
+      reaped += conns;
+    }
+  }
+  uint32_t slot = ClaimFreeProcLocked(pid, now_ns, liveness);
+  for (uint32_t i = 0; slot == kNoSlot && i < proc_capacity(); ++i) {
+    uint32_t conns = 0;
+    if (procs_[i].state.load(std::memory_order_relaxed) == kProcLive &&
+        ProcMaybeDead(procs_[i]) && ReapIfDeadLocked(i, &conns)) {
+      reaped += conns;
+      slot = ClaimFreeProcLocked(pid, now_ns, liveness);
+    }
+  }
+  if (conns_reaped != nullptr) *conns_reaped = reaped;
+  if (slot == kNoSlot) {
+    header_->table_full.fetch_add(1, std::memory_order_relaxed);
+  }
+  return slot;
+}
+
+uint32_t Zone::ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
+                                   HeldMutex* liveness) {
   for (uint32_t i = 0; i < proc_capacity(); ++i) {
     ProcSlotShm& p = procs_[i];
     if (p.state.load(std::memory_order_relaxed) != kProcFree) continue;
@@ -947,7 +1001,6 @@ uint32_t Zone::ClaimProcLocked(int32_t pid, int64_t now_ns,
     }
     return i;
   }
-  header_->table_full.fetch_add(1, std::memory_order_relaxed);
   return kNoSlot;
 }
 
@@ -1327,6 +1380,54 @@ uintptr_t RobustHead() {
   }
   return t_robust_head;
 }
+
+// The calling thread's robust list head, found by locking a private robust
+// mutex: glibc links it at the front of the thread's list, which is a ring
+// through the mutexes the thread holds back to the head, and the head lies
+// in the thread's descriptor (at pthread_self(), within a page). 0 if not
+// found.
+uintptr_t FindRobustHead() {
+  pthread_mutexattr_t attr;
+  pthread_mutexattr_init(&attr);
+  pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_t m;
+  pthread_mutex_init(&m, &attr);
+  pthread_mutexattr_destroy(&attr);
+  uintptr_t head = 0;
+  if (pthread_mutex_lock(&m) == 0) {
+    const uintptr_t self = reinterpret_cast<uintptr_t>(pthread_self());
+    void* link = m.__data.__list.__next;
+    for (int i = 0; i < 64 && link != nullptr; ++i) {
+      const uintptr_t p = reinterpret_cast<uintptr_t>(link) & ~uintptr_t{1};
+      if (p >= self && p < self + 4096) {
+        head = p;
+        break;
+      }
+      link = reinterpret_cast<__pthread_list_t*>(p)->__next;
+    }
+    pthread_mutex_unlock(&m);
+  }
+  pthread_mutex_destroy(&m);
+  return head;
+}
+
+}  // namespace
+
+void ReregisterRobustList() {
+  void* head = nullptr;
+  size_t len = 0;
+  if (syscall(SYS_get_robust_list, 0, &head, &len) == 0 && head != nullptr) {
+    return;
+  }
+  const uintptr_t found = FindRobustHead();
+  // struct robust_list_head: the list, the futex offset, the pending op.
+  if (found != 0 &&
+      syscall(SYS_set_robust_list, found, 3 * sizeof(void*)) == 0) {
+    t_robust_head = found;
+  }
+}
+
+namespace {
 
 // Locks waiting at most wait_ns, measured on CLOCK_MONOTONIC, so that a
 // change of the wall clock cannot lengthen the wait.

@@ -57,6 +57,15 @@ struct HeldMutex {
   uintptr_t hi = 0;
 };
 
+// In a child made with a raw clone system call (not glibc's fork, which
+// does this itself): registers the calling thread's robust mutex list with
+// the kernel again (the clone cleared it), so that the zone locks this
+// thread takes pass HeldMutex's check of their links (else the first
+// unlock would find the zone "corrupt") and the liveness and zone locks it
+// dies holding are marked owner-died. No-op where the kernel has a list.
+// Not for the hot path: a few system calls, once per new process.
+void ReregisterRobustList();
+
 // How a zone of a given size is divided; a pure function of the size.
 struct ZoneGeometry {
   uint32_t bucket_count = 0;
@@ -189,6 +198,12 @@ class Zone {
   uint32_t FindKeyLocked(const uint8_t* key_bytes) const;
   // Returns the key's slot, inserting it (refs 0) if absent; kNoSlot if full.
   uint32_t FindOrInsertKeyLocked(const uint8_t* key_bytes, int64_t now_ns);
+  // The registration of key_index's connection from peer:peer_port, made by
+  // another process (the one that accepted a socket an exec'd process
+  // inherited); kNoSlot if there is none. Looks at the connection slots in
+  // use until it has seen the key's; not for the hot path.
+  uint32_t FindConnLocked(uint32_t key_index, const uint8_t peer[16],
+                          uint16_t peer_port) const;
   // Takes a connection slot for key_index owned by proc_index, not active.
   // Returns kNoSlot if the connection table is full. The caller frees an
   // unused key (refs 0) with ReleaseKeyIfUnusedLocked.
@@ -235,9 +250,16 @@ class Zone {
   void SetUnderPace(uint32_t conn_index, bool under);
   // Claims a free process slot for pid and locks its liveness mutex from the
   // calling thread, which must hold it for the life of the process (and
-  // release it through *liveness).
+  // release it through *liveness). Reaps first the slots of the same pid
+  // whose owner died (this process before an exec: the kernel marked its
+  // liveness mutex owner-died then, and this process registers its
+  // connections anew) and, if
+  // no slot is free, dead slots of other processes until one is: a dead
+  // process never keeps a live one from its slot. *conns_reaped (if given)
+  // gets the connections those held (the caller wakes the watchers).
   uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns,
-                           HeldMutex* liveness = nullptr);
+                           HeldMutex* liveness = nullptr,
+                           uint32_t* conns_reaped = nullptr);
   // If proc_index's owner died (its liveness mutex reports EOWNERDEAD),
   // deregisters everything it owned, frees the slot and returns true.
   bool ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped);
@@ -360,6 +382,9 @@ class Zone {
   static uint32_t CookieOf(uint32_t seq) { return seq & 0x7fffffffu; }
 
  private:
+  // ClaimProcLocked's claim of a free slot; kNoSlot if none is free.
+  uint32_t ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
+                               HeldMutex* liveness);
   // REQUIRES: base holds a validated zone of `size` bytes.
   Zone(std::string name, std::string path, void* base, size_t size);
   static absl::StatusOr<std::unique_ptr<Zone>> Map(absl::string_view zone_name,

@@ -3,13 +3,17 @@
 // ::accept, BeforeSend/AfterSend around ::send and OnClose before ::close,
 // and reads back the pacing with getsockopt(SO_MAX_PACING_RATE).
 //
-// This file: a forked child that sends takes ownership of a connection, a
-// stopped watcher looks dead and its connections are reaped, and threads
-// send while another closes and re-accepts. The single-process tests are in
+// This file: a forked child that sends takes ownership of a connection (also
+// one made with a raw clone system call, which skips pthread_atfork), a
+// vfork child leaves its parent's connections alone, a process about to
+// lose the right to start threads starts its watcher first, a stopped
+// watcher looks dead and its connections are reaped, and threads send while
+// another closes and re-accepts. The single-process tests are in
 // governor_test.cc; the fixture is in test_util.h.
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,6 +103,188 @@ TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
   EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
   EXPECT_EQ(ConnsUsed(), 0u) << "the owner's close deregistered it";
   EXPECT_EQ(KeysUsed(), 0u);
+}
+
+// A child made as vsftpd makes its sessions: the clone system call itself,
+// not glibc's fork(), so no pthread_atfork handler runs in it.
+pid_t RawClone() {
+  return static_cast<pid_t>(
+      syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, 0));
+}
+
+// The child's first interposed call finds the process token wiped (the test
+// plays lib/interpose.cc's ActiveGovernor) and sets the process up as the
+// atfork handler would: its own watcher, its own slot, under its own pid.
+TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
+  if (kUnderTsan) {
+    GTEST_SKIP() << "ThreadSanitizer does not support threads started in a "
+                    "child of a multithreaded process";
+  }
+  StartGovernor();
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  const uint32_t conn = ConnIndex(c.server);
+  const uint32_t parent_proc = gov_->proc_index();
+  ASSERT_NE(parent_proc, kNoSlot);
+  Pipe ready;
+  Pipe finish;
+  const pid_t pid = RawClone();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    finish.CloseWrite();
+    TRAFFICRATE_CHILD_CHECK(!gov_->ProcessCurrent());
+    TRAFFICRATE_CHILD_CHECK(gov_->RenewProcess());
+    TRAFFICRATE_CHILD_CHECK(gov_->ProcessCurrent());
+    TRAFFICRATE_CHILD_CHECK(gov_->proc_index() == kNoSlot);
+    TRAFFICRATE_CHILD_CHECK(!gov_->SharedWithParent());
+    char byte = 'c';
+    gov_->BeforeSend(c.server);
+    const ssize_t sent =
+        ::send(c.server, &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    gov_->AfterSend(c.server, sent);
+    TRAFFICRATE_CHILD_CHECK(sent == 1);
+    const uint32_t me = gov_->proc_index();
+    TRAFFICRATE_CHILD_CHECK(me != kNoSlot && me != parent_proc);
+    TRAFFICRATE_CHILD_CHECK(zone_->proc(me).pid.load() == getpid());
+    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).proc_index.load() == me);
+    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).active.load() == 1);
+    TRAFFICRATE_CHILD_CHECK(Pacing(c.server) == kRate);
+    WriteByte(ready.write_end());
+    TRAFFICRATE_CHILD_CHECK(ReadByte(finish.read_end()));
+    gov_->OnClose(c.server);
+    close(c.server);
+    _exit(0);
+  }
+  finish.CloseRead();
+  ready.CloseWrite();
+  ASSERT_TRUE(ReadByte(ready.read_end())) << "child failed early";
+  const uint32_t owner = zone_->conn(conn).proc_index.load();
+  EXPECT_NE(owner, parent_proc);
+  EXPECT_EQ(zone_->proc(owner).pid.load(), pid);
+  EXPECT_EQ(Active(c.server), 1u) << "counted once, by the child";
+  CloseServer(c.server);
+  EXPECT_EQ(ConnsUsed(), 1u) << "the parent's close leaves it to its owner";
+  WriteByte(finish.write_end());
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  EXPECT_EQ(ConnsUsed(), 0u) << "the owner's close deregistered it";
+  EXPECT_EQ(KeysUsed(), 0u);
+}
+
+// The clone system call clears the robust mutex list the kernel knows for
+// the thread (glibc's fork registers it again). A child of a thread that
+// never took the zone lock would then find the lock's links "damaged" at its
+// first unlock and mark the zone corrupt for every process.
+TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
+  if (kUnderTsan) {
+    GTEST_SKIP() << "ThreadSanitizer does not support a raw clone of a "
+                    "multithreaded process";
+  }
+  StartGovernor();
+  pid_t pid = -1;
+  std::thread fresh([&] {
+    pid = RawClone();
+    if (pid != 0) return;
+    TRAFFICRATE_CHILD_CHECK(gov_->RenewProcess());
+    void* head = nullptr;
+    size_t len = 0;
+    TRAFFICRATE_CHILD_CHECK(syscall(SYS_get_robust_list, 0, &head, &len) == 0 &&
+                            head != nullptr);
+    {
+      ZoneLock lock(*zone_);
+      TRAFFICRATE_CHILD_CHECK(lock.ok());
+    }
+    TRAFFICRATE_CHILD_CHECK(!zone_->corrupt());
+    const Conn c = Open("127.0.0.2");
+    TRAFFICRATE_CHILD_CHECK(c.server >= 0 && Send(c.server) == 100);
+    TRAFFICRATE_CHILD_CHECK(gov_->proc_index() != kNoSlot);
+    TRAFFICRATE_CHILD_CHECK(!zone_->corrupt());
+    _exit(0);
+  });
+  fresh.join();
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  EXPECT_TRUE(zone_->CheckHeader()) << "the zone is sound";
+}
+
+// Python's subprocess starts its children with vfork and, in the child,
+// closes every fd above 2 and dup2s the pipes through libc before its exec:
+// the interposers run there, on the parent's memory (its fd table, its
+// local references), but on the child's own fds. They must leave the
+// parent's connections alone.
+TEST_F(GovernorTest, VforkChildLeavesTheParentsConnectionsAlone) {
+  StartGovernor();
+  const Conn a = Open();
+  const Conn b = Open("127.0.0.2");
+  ASSERT_GE(b.server, 0);
+  ASSERT_EQ(Send(a.server), 100);
+  const uint64_t state_a = table_->Get(a.server)->state.load();
+  const uint64_t state_b = table_->Get(b.server)->state.load();
+  ASSERT_NE(state_a, 0u);
+  ASSERT_NE(state_b, 0u);
+  constexpr int kSpare = 900;  // not open here
+  const pid_t pid = vfork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // dup2(b, kSpare), dup2 over a, close(a), close_range(3, ~0U).
+    gov_->ReleaseDetached(gov_->Detach(kSpare));
+    gov_->OnDup(b.server, kSpare);
+    gov_->ReleaseDetached(gov_->Detach(a.server));
+    gov_->OnClose(a.server);
+    gov_->OnCloseRange(3, ~0U);
+    _exit(0);
+  }
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  EXPECT_EQ(table_->Get(a.server)->state.load(), state_a);
+  EXPECT_EQ(table_->Get(b.server)->state.load(), state_b);
+  EXPECT_EQ(table_->Get(kSpare)->state.load(), 0u);
+  EXPECT_EQ(ConnsUsed(), 2u);
+  EXPECT_EQ(ConnOf(a.server).active.load(), 1u);
+  // The parent's own closes still end them: no reference was added or
+  // dropped by the child.
+  CloseServer(a.server);
+  EXPECT_EQ(ConnsUsed(), 1u);
+  CloseServer(b.server);
+  EXPECT_EQ(ConnsUsed(), 0u);
+  EXPECT_EQ(KeysUsed(), 0u);
+}
+
+// vsftpd's processes set RLIMIT_NPROC to 0 after fork (no thread can be
+// started once they run as their unprivileged user), then send on the
+// control connection they inherited and receive their data connections.
+// A process holding governed connections starts its watcher before the
+// limit; one without any does not take a slot.
+TEST_F(GovernorTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
+  if (kUnderTsan) {
+    GTEST_SKIP() << "ThreadSanitizer does not support threads started in a "
+                    "child of a multithreaded process";
+  }
+  StartGovernor();
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  const uint32_t parent_proc = gov_->proc_index();
+  const pid_t with = fork();
+  ASSERT_GE(with, 0);
+  if (with == 0) {
+    TRAFFICRATE_CHILD_CHECK(gov_->RenewProcess());
+    TRAFFICRATE_CHILD_CHECK(gov_->proc_index() == kNoSlot);
+    gov_->BeforeThreadLimit();
+    const uint32_t me = gov_->proc_index();
+    TRAFFICRATE_CHILD_CHECK(me != kNoSlot && me != parent_proc);
+    _exit(0);
+  }
+  EXPECT_TRUE(ExitedWith(WaitChild(with), 0));
+  const pid_t without = fork();
+  ASSERT_GE(without, 0);
+  if (without == 0) {
+    TRAFFICRATE_CHILD_CHECK(gov_->RenewProcess());
+    gov_->OnClose(c.server);
+    close(c.server);
+    gov_->BeforeThreadLimit();
+    TRAFFICRATE_CHILD_CHECK(gov_->proc_index() == kNoSlot);
+    _exit(0);
+  }
+  EXPECT_TRUE(ExitedWith(WaitChild(without), 0));
+  EXPECT_EQ(ConnsUsed(), 1u) << "the children left the parent's alone";
 }
 
 TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {

@@ -493,5 +493,93 @@ TEST_F(ZoneTest, ProcSlotsAreClaimedOncePerLivenessMutex) {
   EXPECT_EQ(zone->proc(b).started_ns, 6);
 }
 
+// A process that execs keeps its pid; the kernel marks the robust mutexes
+// its threads held owner-died (the watcher of the image before). The new
+// image's claim reaps that slot first: its connections are not counted
+// twice while it registers them again (an exec'd CGI helper).
+TEST_F(ZoneTest, AClaimReapsTheSlotItsPidHeldBeforeAnExec) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  Pipe ready;
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    {
+      ZoneLock lock(*zone);
+      const uint32_t slot = zone->ClaimProcLocked(getpid(), 1);
+      TRAFFICRATE_CHILD_CHECK(slot != kNoSlot);
+      for (int n = 0; n < 2; ++n) {
+        const uint32_t c = RegisterLocked(*zone, 1, slot);
+        TRAFFICRATE_CHILD_CHECK(c != kNoSlot && zone->JoinLocked(c));
+      }
+    }
+    WriteByte(ready.write_end());
+    execl("/bin/sleep", "sleep", "5", static_cast<char*>(nullptr));
+    _exit(99);
+  }
+  ready.CloseWrite();
+  ASSERT_TRUE(ReadByte(ready.read_end()));
+  uint32_t slot = kNoSlot;
+  for (uint32_t i = 0; i < zone->proc_capacity(); ++i) {
+    if (zone->proc(i).pid.load() == pid) slot = i;
+  }
+  ASSERT_NE(slot, kNoSlot);
+  EXPECT_TRUE(PollUntil([&] {
+    return (__atomic_load_n(&zone->proc(slot).liveness.__data.__lock,
+                            __ATOMIC_ACQUIRE) &
+            FUTEX_OWNER_DIED) != 0;
+  })) << "the exec marked the liveness mutex owner-died";
+  EXPECT_EQ(zone->header().conns_used, 2u);
+  {
+    // The new image of that pid claims (here on its behalf).
+    HeldMutex liveness;
+    ZoneLock lock(*zone);
+    ASSERT_TRUE(lock.ok());
+    uint32_t reaped = 0;
+    const uint32_t again = zone->ClaimProcLocked(pid, 2, &liveness, &reaped);
+    EXPECT_NE(again, kNoSlot);
+    EXPECT_EQ(reaped, 2u);
+    EXPECT_EQ(zone->header().conns_used, 0u);
+    EXPECT_EQ(zone->header().keys_used, 0u);
+    EXPECT_EQ(zone->header().procs_reaped.load(), 1u);
+    EXPECT_TRUE(liveness.Release());
+  }
+  kill(pid, SIGKILL);
+  WaitChild(pid);
+}
+
+// A zone whose every process slot is held by a dead process still gives a
+// live one a slot: the claim reaps a dead one.
+TEST_F(ZoneTest, AFullZoneOfDeadProcessesStillGivesASlot) {
+  std::unique_ptr<Zone> zone = Open(uint64_t{64} << 10);
+  ASSERT_NE(zone, nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ZoneLock lock(*zone);
+    for (uint32_t i = 0; i < zone->proc_capacity(); ++i) {
+      const uint32_t slot = zone->ClaimProcLocked(getpid() + i + 1, 1);
+      TRAFFICRATE_CHILD_CHECK(slot != kNoSlot);
+      TRAFFICRATE_CHILD_CHECK(RegisterLocked(*zone, i, slot) != kNoSlot);
+    }
+    TRAFFICRATE_CHILD_CHECK(zone->ClaimProcLocked(getpid(), 1) == kNoSlot);
+    _exit(0);  // dies holding every liveness mutex
+  }
+  ASSERT_TRUE(ExitedWith(WaitChild(pid), 0));
+  const uint32_t full = zone->header().table_full.load();
+  HeldMutex liveness;
+  {
+    ZoneLock lock(*zone);
+    ASSERT_TRUE(lock.ok());
+    EXPECT_EQ(zone->header().conns_used, zone->proc_capacity());
+    uint32_t reaped = 0;
+    EXPECT_NE(zone->ClaimProcLocked(getpid(), 2, &liveness, &reaped), kNoSlot);
+    EXPECT_EQ(reaped, 1u) << "one dead process, as many as it takes";
+    EXPECT_EQ(zone->header().conns_used, zone->proc_capacity() - 1);
+    EXPECT_EQ(zone->header().table_full.load(), full);
+  }
+  EXPECT_TRUE(liveness.Release());
+}
+
 }  // namespace
 }  // namespace trafficrate
