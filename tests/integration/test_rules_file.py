@@ -259,12 +259,13 @@ def test_reload_says_which_processes_cannot_read_the_file_and_fails(
     for _ in range(8):
         assert harness.http_get(server.p1, source=A)[0] == 200
     reload = harness.run_cli("reload", "--zone", zone, "--config", server.rules)
-    plain = servers.nginx(env=lib_env("500k", ZONE=zone + "-plain"), workers=1)
+    plain_zone = harness.unique_zone("plain")
+    plain = servers.nginx(env=lib_env("500k", ZONE=plain_zone), workers=1)
     harness.http_get(plain.port, source=A)
-    no_file = harness.run_cli("reload", "--zone", zone + "-plain")
+    no_file = harness.run_cli("reload", "--zone", plain_zone)
     plain.stop()
-    nobody = harness.run_cli("reload", "--zone", zone + "-plain")
-    harness.remove_zone(zone + "-plain")
+    nobody = harness.run_cli("reload", "--zone", plain_zone)
+    harness.remove_zone(plain_zone)
     report = "no server: rc %d %s\nroot-only file: rc %d\n%s%s\nno file: " \
         "rc %d\n%s%s\nlog:\n%s" % (
             nobody.returncode, nobody.stderr, reload.returncode, reload.stdout,
