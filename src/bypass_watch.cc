@@ -7,7 +7,6 @@
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include "absl/status/status.h"
 #include "src/clock.h"
 #include "src/elf_probe.h"
+#include "src/library_thread.h"
 #include "src/log.h"
 
 namespace trafficrate {
@@ -224,19 +224,11 @@ void ListenWatch::OnListen(int fd) {
   slots_[slot].ready.store(true, std::memory_order_release);
   int expected = kIdle;
   if (!state_.compare_exchange_strong(expected, kLooking)) return;
-  // The thread must never run a host signal handler.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, kStackBytes);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_t thread;
-  const int rc = pthread_create(&thread, &attr, &Main, this);
-  pthread_attr_destroy(&attr);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (rc != 0) state_.store(kFailed, std::memory_order_relaxed);
+  if (StartLibraryThread(&thread, &Main, this, kStackBytes,
+                         /*detached=*/true) != 0) {
+    state_.store(kFailed, std::memory_order_relaxed);
+  }
 }
 
 void ListenWatch::AfterForkChild() {

@@ -144,6 +144,14 @@ bool Classify(int fd, const GovernorOptions& options, const RuleTable* table,
 
 }  // namespace
 
+bool Governor::ClassifyFd(int fd, const sockaddr* peer, socklen_t peer_len,
+                          ConnKey* key, uint8_t peer16[16],
+                          uint16_t* peer_port) const {
+  const RuleTableRead rules(*this);
+  return Classify(fd, options_, rules.table(), peer, peer_len, key, peer16,
+                  peer_port);
+}
+
 Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
                    const GovernorOptions& options)
     : zone_(zone),
@@ -257,13 +265,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  {
-    const RuleTableRead rules(*this);
-    if (!Classify(fd, options_, rules.table(), peer, peer_len, &key, peer16,
-                  &peer_port)) {
-      return;
-    }
-  }
+  if (!ClassifyFd(fd, peer, peer_len, &key, peer16, &peer_port)) return;
   Register(fd, *entry, key, peer16, peer_port);
 }
 
@@ -384,12 +386,7 @@ void Governor::RegisterPending() {
     ConnKey key;
     uint8_t peer16[16];
     uint16_t peer_port = 0;
-    bool is_conn;
-    {
-      const RuleTableRead rules(*this);
-      is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
-                         &peer_port);
-    }
+    const bool is_conn = ClassifyFd(fd, nullptr, 0, &key, peer16, &peer_port);
     uint64_t state = kRegisterPending;
     if (!is_conn) {
       entry.state.compare_exchange_strong(state, 0, std::memory_order_acq_rel);
@@ -423,12 +420,7 @@ void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  bool is_conn;
-  {
-    const RuleTableRead rules(*this);
-    is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
-                       &peer_port);
-  }
+  const bool is_conn = ClassifyFd(fd, nullptr, 0, &key, peer16, &peer_port);
   if (is_conn) {
     Register(fd, entry, key, peer16, peer_port, /*expected=*/0,
              /*inherited=*/pending != kRegisterPending);
@@ -703,12 +695,7 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
   ConnKey key;
   uint8_t peer16[16];
   uint16_t peer_port = 0;
-  bool is_conn;
-  {
-    const RuleTableRead rules(*this);
-    is_conn = Classify(fd, options_, rules.table(), nullptr, 0, &key, peer16,
-                       &peer_port);
-  }
+  const bool is_conn = ClassifyFd(fd, nullptr, 0, &key, peer16, &peer_port);
   if (!entry.state.compare_exchange_strong(state, 0,
                                            std::memory_order_acq_rel)) {
     return;  // another thread of this process is at it

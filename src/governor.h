@@ -255,6 +255,10 @@ class Governor {
   int64_t LastSendNs(int fd) const;
 
  private:
+  // Classify (governor.cc) under the rule table in force, read as
+  // RuleTableRead reads it.
+  bool ClassifyFd(int fd, const sockaddr* peer, socklen_t peer_len,
+                  ConnKey* key, uint8_t peer16[16], uint16_t* peer_port) const;
   // Registers fd's connection; its fd entry must still hold `expected`
   // then (0, or kRegisterPending from RegisterPending), else the
   // registration ends at once (the fd was closed meanwhile). inherited: the

@@ -1,6 +1,5 @@
 #include "src/watcher.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <climits>
@@ -10,6 +9,7 @@
 #include "src/budget.h"
 #include "src/clock.h"
 #include "src/governor.h"
+#include "src/library_thread.h"
 
 namespace trafficrate {
 namespace {
@@ -51,16 +51,8 @@ uint32_t Watcher::EnsureStarted() {
   if (state_.compare_exchange_strong(expected, kStarting)) {
     start_deadline_ns_.store(MonotonicNowNs() + kStartWaitNs,
                              std::memory_order_release);
-    // The watcher must never run a host signal handler.
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, kStackBytes);
-    const int rc = pthread_create(&thread_, &attr, &Main, this);
-    pthread_attr_destroy(&attr);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    const int rc = StartLibraryThread(&thread_, &Main, this, kStackBytes,
+                                      /*detached=*/false);
     if (rc != 0) {
       state_.store(kFailed, std::memory_order_release);
       logger_->Error(

@@ -255,10 +255,10 @@ class Runner {
         } else if (what == 2) {
           zone_.WithdrawHandoffLocked(inode, p);
         } else {
-          uint64_t out[kHandoffSlots];
+          uint64_t out[kMinHandoffSlots];
           TRAFFICRATE_FUZZ_CHECK(
-              zone_.ExpireHandoffsLocked(p, now_ns_, out, kHandoffSlots) <=
-              kHandoffSlots);
+              zone_.ExpireHandoffsLocked(p, now_ns_, out, kMinHandoffSlots) <=
+              kMinHandoffSlots);
         }
         return;
       }
