@@ -436,31 +436,46 @@ TRAFFICRATE_EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out,
   });
 }
 
-TRAFFICRATE_EXPORT int setrlimit(__rlimit_resource_t resource,
-                                 const rlimit* limit) {
-  trafficrate::BeforeSetLimit(0, resource, limit);
+// The setrlimit family is called by AddressSanitizer's own start-up (for
+// RLIMIT_CORE), before its shadow memory exists: in the library's ASan build
+// these interposers must touch no instrumented memory until they know the
+// call is one the library cares about (RLIMIT_NPROC, which no sanitizer
+// sets).
+#define TRAFFICRATE_NO_ASAN __attribute__((no_sanitize_address))
+
+TRAFFICRATE_EXPORT TRAFFICRATE_NO_ASAN int setrlimit(
+    __rlimit_resource_t resource, const rlimit* limit) {
+  if (resource == RLIMIT_NPROC) trafficrate::BeforeSetLimit(0, resource, limit);
   return g_real.setrlimit ? g_real.setrlimit(resource, limit)
                           : syscall(SYS_prlimit64, 0, resource, limit, nullptr);
 }
 
-TRAFFICRATE_EXPORT int setrlimit64(__rlimit_resource_t resource,
-                                   const rlimit64* limit) {
-  trafficrate::BeforeSetLimit(0, resource, limit);
+TRAFFICRATE_EXPORT TRAFFICRATE_NO_ASAN int setrlimit64(
+    __rlimit_resource_t resource, const rlimit64* limit) {
+  if (resource == RLIMIT_NPROC) trafficrate::BeforeSetLimit(0, resource, limit);
   return g_real.setrlimit64
              ? g_real.setrlimit64(resource, limit)
              : syscall(SYS_prlimit64, 0, resource, limit, nullptr);
 }
 
-TRAFFICRATE_EXPORT int prlimit(pid_t pid, __rlimit_resource resource,
-                               const rlimit* limit, rlimit* old) {
-  trafficrate::BeforeSetLimit(pid, resource, limit);
+TRAFFICRATE_EXPORT TRAFFICRATE_NO_ASAN int prlimit(pid_t pid,
+                                                   __rlimit_resource resource,
+                                                   const rlimit* limit,
+                                                   rlimit* old) {
+  if (resource == RLIMIT_NPROC) {
+    trafficrate::BeforeSetLimit(pid, resource, limit);
+  }
   return g_real.prlimit ? g_real.prlimit(pid, resource, limit, old)
                         : syscall(SYS_prlimit64, pid, resource, limit, old);
 }
 
-TRAFFICRATE_EXPORT int prlimit64(pid_t pid, __rlimit_resource resource,
-                                 const rlimit64* limit, rlimit64* old) {
-  trafficrate::BeforeSetLimit(pid, resource, limit);
+TRAFFICRATE_EXPORT TRAFFICRATE_NO_ASAN int prlimit64(pid_t pid,
+                                                     __rlimit_resource resource,
+                                                     const rlimit64* limit,
+                                                     rlimit64* old) {
+  if (resource == RLIMIT_NPROC) {
+    trafficrate::BeforeSetLimit(pid, resource, limit);
+  }
   return g_real.prlimit64 ? g_real.prlimit64(pid, resource, limit, old)
                           : syscall(SYS_prlimit64, pid, resource, limit, old);
 }
