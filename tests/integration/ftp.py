@@ -44,7 +44,9 @@ class VsftpdServer(Server):
         # secure_chroot_dir: empty, owned by root, not writable by others.
         empty = self.workdir / ("vsftpd-empty-%d" % self.port)
         empty.mkdir(mode=0o755, exist_ok=True)
-        pasv = pasv_range(PASV_PORTS, avoid=self.port)
+        pasv = pasv_range(PASV_PORTS, avoid={self.port} | _PASV_TAKEN)
+        # Servers started together must not share passive ports.
+        _PASV_TAKEN.update(range(pasv[0], pasv[1] + 1))
         lines = [
             "listen=YES", "listen_ipv6=NO",
             "listen_address=%s" % SERVER_HOST, "listen_port=%d" % self.port,
@@ -74,13 +76,17 @@ class VsftpdServer(Server):
             return False
 
 
-def pasv_range(count, avoid=None):
-    """A run of `count` free ports (not `avoid`) for passive data
+# Passive ports given to the servers of this run (pasv_range avoids them).
+_PASV_TAKEN = set()
+
+
+def pasv_range(count, avoid=()):
+    """A run of `count` free ports (none in `avoid`) for passive data
     connections."""
     for _ in range(50):
         base = free_port()
         ports = range(base, base + count)
-        if base + count > 65535 or avoid in ports:
+        if base + count > 65535 or any(p in avoid for p in ports):
             continue
         if all(_port_free(p) for p in ports):
             return base, base + count - 1

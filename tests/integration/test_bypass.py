@@ -190,61 +190,77 @@ def hold_connection(port, source):
     return sock
 
 
-def test_connections_no_accept_returned_are_said(servers, lib_env, workdir):
-    """One process accepts around libc, one through it, and nginx's master
-    listens while its workers accept: only the first is said, once."""
-    env = lib_env(RATE)
-    raw = servers._add(RawAcceptServer(workdir, env=env), True, True, 10.0)
-    libc = servers._add(RawAcceptServer(workdir, env=env, libc=True), True, True,
-                        10.0)
-    nginx = servers.nginx(env=env)
-    all_listening = time.monotonic()
-    held = [hold_connection(raw.port, "127.0.0.2"),
-            hold_connection(libc.port, "127.0.0.3"),
-            harness.open_keepalive(nginx.port, source="127.0.0.4")]
+@pytest.fixture(scope="module")
+def watched(webroot):
+    """One process that accepts around libc, one that accepts through it,
+    nginx (its master listens, its workers accept) and the real servers of
+    test_servers.py (listening in one process, accepting in the same or in
+    forked workers), all at once, each holding a connection, past their
+    first look: their lines and how many watch threads each still has."""
+    workdir = harness.make_workdir()
+    factory = harness.ServerFactory(workdir, webroot)
+    zone = harness.unique_zone("bypass-watch")
+    env = harness.preload_env(zone, RATE)
+    held = []
     try:
-        found = harness.wait_for(lambda: raw.trafficrate_lines(), FIRST_LOOK + 5.0)
+        raw = factory._add(RawAcceptServer(workdir, env=env), True, True, 10.0)
+        libc = factory._add(RawAcceptServer(workdir, env=env, libc=True), True,
+                            True, 10.0)
+        nginx = factory.nginx(env=env)
+        zoo = [factory.apache(env=env, mpm="prefork"),
+               factory.apache(env=env, mpm="event"), factory.lighttpd(env=env),
+               factory.node(env=env, sched="rr"),
+               factory.python(env=env, mode="fork"),
+               factory.python(env=env, mode="thread")]
+        all_listening = time.monotonic()
+        held = [hold_connection(raw.port, "127.0.0.2"),
+                hold_connection(libc.port, "127.0.0.3"),
+                harness.open_keepalive(nginx.port, source="127.0.0.4")]
+        held += [harness.open_keepalive(s.port, source="127.0.0.%d" % (5 + i))
+                 for i, s in enumerate(zoo)]
+        found = harness.wait_for(lambda: raw.trafficrate_lines(),
+                                 FIRST_LOOK + 5.0)
         # Past every server's first look, and no second line comes.
-        time.sleep(max(1.0, all_listening + FIRST_LOOK + 1.0 - time.monotonic()))
-        # Each watch ended at its first look: at the line, at an accept(),
-        # at connections only the workers hold.
-        threads = {s.name: watch_threads(s.pid) for s in (raw, libc, nginx)}
+        time.sleep(max(1.0, all_listening + FIRST_LOOK + 1.5 - time.monotonic()))
+        everyone = [raw, libc, nginx] + zoo
+        yield dict(raw=raw, libc=libc, nginx=nginx, zoo=zoo, found=found,
+                   lines={s.title: s.trafficrate_lines() for s in everyone},
+                   threads={s.title: watch_threads(s.pid) for s in everyone},
+                   report="\n".join(s.describe() for s in everyone))
     finally:
         for sock in held:
             sock.close()
-    report = "\n".join(s.describe() for s in (raw, libc, nginx))
-    report += "\nwatch threads: %s" % threads
+        factory.stop_all()
+        harness.remove_zone(zone)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_connections_no_accept_returned_are_said(watched):
+    """Only the process that accepts around libc is said, once; each watch
+    ended at its first look (at the line, at an accept(), at connections
+    only the workers hold)."""
+    raw, libc, nginx = watched["raw"], watched["libc"], watched["nginx"]
+    report = "%s\nwatch threads: %s" % (watched["report"], watched["threads"])
     print("\n" + report)
-    assert found, report
-    assert raw.trafficrate_lines() == [
+    assert watched["found"], report
+    assert watched["lines"][raw.title] == [
         "trafficrate: process %d holds connections on port %d that no accept() "
         "or accept4() call returned (accepted through io_uring or a raw system "
         "call?): trafficrate cannot pace them (%s)" % (raw.pid, raw.port, HELP)], report
-    assert libc.trafficrate_lines() == [], report
-    assert nginx.trafficrate_lines() == [], report
-    assert threads == {"rawaccept": 0, "rawaccept-libc": 0, "nginx": 0}, report
+    assert watched["lines"][libc.title] == [], report
+    assert watched["lines"][nginx.title] == [], report
+    assert [watched["threads"][s.title] for s in (raw, libc, nginx)] == [0, 0, 0], \
+        report
 
 
-def test_servers_that_accept_through_libc_are_not_said(servers, lib_env):
+def test_servers_that_accept_through_libc_are_not_said(watched):
     """Past their first look, with a connection held: no line from any of
-    the real servers of test_servers.py (listening in one process, accepting
-    in the same or in forked workers)."""
-    env = lib_env(RATE)
-    zoo = [servers.apache(env=env, mpm="prefork"), servers.apache(env=env, mpm="event"),
-           servers.lighttpd(env=env), servers.node(env=env, sched="rr"),
-           servers.python(env=env, mode="fork"), servers.python(env=env, mode="thread")]
-    all_listening = time.monotonic()
-    held = [harness.open_keepalive(s.port, source="127.0.0.%d" % (2 + i))
-            for i, s in enumerate(zoo)]
-    try:
-        time.sleep(max(0.0, all_listening + FIRST_LOOK + 1.5 - time.monotonic()))
-        lines = {s.title: s.trafficrate_lines() for s in zoo}
-        threads = {s.title: watch_threads(s.pid) for s in zoo}
-    finally:
-        for sock in held:
-            sock.close()
-    report = "lines: %s\nwatch threads: %s\n%s" % (
-        lines, threads, "\n".join(s.describe() for s in zoo))
+    the real servers of test_servers.py, and no watch thread left."""
+    zoo = watched["zoo"]
+    lines = {s.title: watched["lines"][s.title] for s in zoo}
+    threads = {s.title: watched["threads"][s.title] for s in zoo}
+    report = "lines: %s\nwatch threads: %s\n%s" % (lines, threads,
+                                                    watched["report"])
     print("\n" + report)
     assert all(not found for found in lines.values()), report
     assert all(n == 0 for n in threads.values()), report

@@ -287,33 +287,61 @@ def cgi_server(factory, webroot, workdir, env):
     return server.start()
 
 
-@pytest.mark.parametrize("share", ["equal", "budget"])
+# (share mode, client address): both at once, each its own server and zone.
+CGI_CASES = [("equal", "127.0.0.2"), ("budget", "127.0.0.3")]
+
+
+@pytest.fixture(scope="module")
+def cgi_runs(webroot):
+    """3 CGI downloads of one client per share mode, both measured in one
+    window; {share: (server, measurement, errors)}."""
+    workdir = harness.make_workdir()
+    factory = harness.ServerFactory(workdir, webroot)
+    # The body is cat's output: no Content-Length, it ends with the child.
+    harness.register_content("/cgi-bin/big.sh", harness.BIG_CONTENT)
+    zones, runs, sets = [], {}, []
+    try:
+        for share, client in CGI_CASES:
+            zone = harness.unique_zone("cgi-" + share)
+            zones.append(zone)
+            server = cgi_server(factory, webroot, workdir, harness.preload_env(
+                zone, RATE, SHARE=share))
+            dset = harness.DownloadSet(server.port, [client] * 3,
+                                       path="/cgi-bin/big.sh",
+                                       duration=WARMUP_S + WINDOW_S + 2.0)
+            sets.append((share, client, server, dset))
+        for _, _, _, dset in sets:
+            dset.start()
+        started = [dset.wait_started(10.0) for _, _, _, dset in sets]
+        assert all(started), [dset.errors() for _, _, _, dset in sets]
+        t0 = max(started) + WARMUP_S
+        time.sleep(max(0.0, t0 + WINDOW_S + 0.1 - time.monotonic()))
+        for share, client, server, dset in sets:
+            runs[share] = (server, client, dset.measure(t0, t0 + WINDOW_S,
+                                                        TARGET), dset)
+        yield runs
+    finally:
+        for _, _, _, dset in sets:
+            dset.stop()
+            dset.join(5.0)
+        factory.stop_all()
+        for zone in zones:
+            harness.remove_zone(zone)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("share", [s for s, _ in CGI_CASES])
 def test_cgi_children_that_cannot_reach_the_zone_hold_the_clients_rate(
-        servers, webroot, workdir, lib_env, share):
+        cgi_runs, share):
     """3 CGI downloads of one client, each body sent by a child running as
     nobody (which cannot open root's zone): the client's total stays within
     5% of the rate. The parent owns each connection's registration; its
     socket's queue (equal) and what left it by the kernel's count (budget),
     not the parent's own sends, say it is still sending and how much."""
-    server = cgi_server(servers, webroot, workdir, lib_env(RATE, SHARE=share))
-    dset = harness.DownloadSet(server.port, ["127.0.0.2"] * 3,
-                               path="/cgi-bin/big.sh",
-                               duration=WARMUP_S + WINDOW_S + 2.0)
-    # The body is cat's output: no Content-Length, it ends with the child.
-    harness.register_content("/cgi-bin/big.sh", harness.BIG_CONTENT)
-    dset.start()
-    try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        t0 = started + WARMUP_S
-        time.sleep(max(0.0, t0 + WINDOW_S + 0.1 - time.monotonic()))
-        m = dset.measure(t0, t0 + WINDOW_S, TARGET)
-    finally:
-        dset.stop()
-        dset.join(5.0)
+    server, client, m, dset = cgi_runs[share]
     report = "%s (share %s)\n%s\n%s" % (server.title, share, m.report(),
                                         server.describe())
     print("\n" + report)
     assert not dset.errors(), report
-    assert m.source_rate("127.0.0.2") <= 1.05 * TARGET, report
-    assert m.source_rate("127.0.0.2") >= 0.85 * TARGET, report
+    assert m.source_rate(client) <= 1.05 * TARGET, report
+    assert m.source_rate(client) >= 0.85 * TARGET, report

@@ -15,6 +15,7 @@ couple of seconds).
 """
 
 import os
+import shutil
 import time
 
 import pytest
@@ -49,49 +50,85 @@ def wait_zone_empty(zone, timeout):
         time.sleep(0.05)
 
 
-def run_downloads(server, zone):
+# (case, vsftpd's isolate and isolate_network, client address): both run at
+# once, each its own server, zone and client, measured in one window.
+CASES = [("debian-defaults", True, "127.0.0.2"),
+         ("isolation-off", False, "127.0.0.3")]
+
+
+def ftp_downloads(server, client):
     dset = harness.DownloadSet(server.port, [], duration=DURATION)
     for n in range(DOWNLOADS):
         dset.downloads.append(FtpDownload(
-            server.port, CLIENT, "/big.bin", harness.BIG_FILE_SIZE,
-            label="%s#%d" % (CLIENT, n + 1), start_at=dset.start_at,
+            server.port, client, "/big.bin", harness.BIG_FILE_SIZE,
+            label="%s#%d" % (client, n + 1), start_at=dset.start_at,
             stop_at=dset.stop_at))
-    dset.start()
+    return dset
+
+
+@pytest.fixture(scope="module")
+def ftp_runs(webroot):
+    """Both configurations at once; {case: result dict} for the tests."""
+    workdir = harness.make_workdir()
+    factory = harness.ServerFactory(workdir, webroot)
+    runs = {}
     try:
-        started = dset.wait_started(10.0)
-        assert started, dset.errors()
-        time.sleep(max(0.0, started + 5.0 - time.monotonic()))
-        during = harness.key_stat(zone, CLIENT)
-        time.sleep(max(0.0, started + DURATION - 0.3 - time.monotonic()))
-        m = dset.measure(started + 2.0, started + DURATION - 0.5, TARGET)
+        for case, isolate, client in CASES:
+            zone = harness.unique_zone("vsftpd-" + case)
+            harness.remove_zone(zone)
+            log = workdir / ("trafficrate-%s.log" % case)
+            # The sessions' stderr is the FTP control connection: log to a
+            # file.
+            env = harness.preload_env(zone, RATE, LOG=str(log))
+            server = VsftpdServer(workdir, webroot, env, isolate=isolate)
+            factory.servers.append(server)
+            server.start()
+            runs[case] = dict(server=server, zone=zone, log=log, client=client,
+                              dset=ftp_downloads(server, client))
+        for run in runs.values():
+            run["dset"].start()
+        try:
+            started = [run["dset"].wait_started(10.0) for run in runs.values()]
+            assert all(started), [r["dset"].errors() for r in runs.values()]
+            t0 = max(started)
+            time.sleep(max(0.0, t0 + 5.0 - time.monotonic()))
+            for run in runs.values():
+                run["during"] = harness.key_stat(run["zone"], run["client"])
+            time.sleep(max(0.0, t0 + DURATION - 0.3 - time.monotonic()))
+            for run in runs.values():
+                run["m"] = run["dset"].measure(t0 + 2.0, t0 + DURATION - 0.5,
+                                               TARGET)
+        finally:
+            for run in runs.values():
+                run["dset"].stop()
+            for run in runs.values():
+                run["dset"].join(5.0)
+        for run in runs.values():
+            run["waited"], run["after"] = wait_zone_empty(run["zone"], 3.0)
+            run["lines"] = run["log"].read_text(errors="replace") \
+                if run["log"].exists() else ""
+        yield runs
     finally:
-        dset.stop()
-        dset.join(5.0)
-    return dset, m, during
+        factory.stop_all()
+        for run in runs.values():
+            harness.remove_zone(run["zone"])
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.mark.parametrize("isolate", [True, False],
-                         ids=["debian-defaults", "isolation-off"])
-def test_ftp_downloads_share_the_rate_and_leave_the_zone_empty(
-        servers, lib_env, zone, workdir, webroot, isolate):
-    log = workdir / "trafficrate.log"
-    # The sessions' stderr is the FTP control connection: log to a file.
-    server = VsftpdServer(workdir, webroot, lib_env(RATE, LOG=str(log)),
-                          isolate=isolate)
-    servers.servers.append(server)
-    server.start()
-    dset, m, during = run_downloads(server, zone)
-    waited, after = wait_zone_empty(zone, 3.0)
-    lines = log.read_text(errors="replace") if log.exists() else ""
+@pytest.mark.parametrize("case", [c for c, _, _ in CASES])
+def test_ftp_downloads_share_the_rate_and_leave_the_zone_empty(ftp_runs, case):
+    run = ftp_runs[case]
+    dset, m, during, waited, after = (run[k] for k in (
+        "dset", "m", "during", "waited", "after"))
     report = "%s\n%s\nduring: %s\nzone empty after %s s; processes %s, " \
         "connections %s\nlog:\n%s" % (
-            server.title, m.report(), during,
+            run["server"].title, m.report(), during,
             "%.2f" % waited if waited is not None else "> 3",
-            after["processes"], after["connections"], lines[-3000:])
+            after["processes"], after["connections"], run["lines"][-3000:])
     print("\n" + report)
     assert not dset.errors(), report
     assert all(d.total > 0 for d in dset.downloads), report
     print(harness.check_bodies(dset.downloads))
-    assert harness.within(m.source_rate(CLIENT), TARGET, 0.05), report
+    assert harness.within(m.source_rate(run["client"]), TARGET, 0.05), report
     assert during["active"] >= DOWNLOADS, report
     assert waited is not None, report
