@@ -46,19 +46,22 @@ if ((!quick)); then
     ctest --test-dir build-asan --output-on-failure -j2
 
   stage "zone, fd table, governor, snapshot, cluster agent and listen watch tests under ThreadSanitizer"
-  # Only the test programs that hold these suites (the rest would be built
-  # for nothing; ctest's -R below leaves their NOT_BUILT entries out).
-  tsan_targets=()
-  for test_file in "$TRAFFICRATE_ROOT"/tests/{zone,fd_table,governor,snapshot,cluster_agent,bypass_watch}*_test.cc; do
-    tsan_targets+=("$(basename "$test_file" .cc)")
-  done
+  # Only the test programs that hold these suites, and only these suites of
+  # them (GTEST_FILTER).
+  tsan_tests=(zone zone_layout zone_lock fd_table governor governor_pass
+              snapshot cluster_agent bypass_watch)
+  tsan_suites=(ZoneTest ZoneLayoutTest ZoneLockTest FdTableTest GovernorTest
+               GovernorPassTest GovernorLockTest SnapshotTest ClusterAgentTest
+               BypassWatchTest)
   cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_SANITIZE=thread \
     "${sanitizer_flags[@]}" >/dev/null
-  cmake --build "$TRAFFICRATE_ROOT/build-tsan" --target "${tsan_targets[@]}"
-  TSAN_OPTIONS=halt_on_error=1 \
+  cmake --build "$TRAFFICRATE_ROOT/build-tsan" \
+    --target "${tsan_tests[@]/%/_test}"
+  filter=$(printf '%s.*:' "${tsan_suites[@]}")
+  TSAN_OPTIONS=halt_on_error=1 GTEST_FILTER=${filter%:} \
     ctest --test-dir build-tsan --output-on-failure -j2 \
-    -R '^(ZoneTest|ZoneLayoutTest|ZoneLockTest|FdTableTest|GovernorTest|GovernorPassTest|GovernorLockTest|SnapshotTest|ClusterAgentTest|BypassWatchTest)\.'
+    -R "^($(IFS='|'; echo "${tsan_tests[*]}"))\$"
 fi
 
 if ((!quick)); then
