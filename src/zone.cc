@@ -375,7 +375,14 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
                creator, rate_bytes_per_sec, PackKeySpec(key_spec));
     if (creator && zone.ok()) {
       const absl::Status published = PublishZoneFile(*file);
-      if (absl::IsAlreadyExists(published)) continue;  // attach theirs
+      if (absl::IsAlreadyExists(published)) {
+        // Another process published first: attach theirs (ours, never
+        // seen by anyone, goes with this mapping).
+        zone = absl::UnavailableError(absl::StrFormat(
+            "zone %s: other processes kept making it at the same time",
+            zone_name));
+        continue;
+      }
       if (!published.ok()) return published;
     }
     if (creator || !IsCorruptZone(zone.status())) break;
