@@ -150,6 +150,7 @@ void Initialize() {
   options.rules = *rules;
   options.after_bytes = config->after_bytes;
   options.idle_ns = config->idle_ns;
+  options.shape = config->shape;
   if (!config->rules.empty()) ApplyRules(*config, &options);
   if (config->cluster) {
     ClusterAgentOptions cluster;

@@ -22,6 +22,8 @@
 #include "lib/real.h"
 #include "src/bypass_watch.h"
 #include "src/governor.h"
+#include "src/shaped_send.h"
+#include "src/shaper.h"
 
 #define TRAFFICRATE_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -66,6 +68,92 @@ inline auto Send(int fd, Call call) {
   const auto sent = call();
   AsLibrary(gov, [fd, sent](Governor& g) { g.AfterSend(fd, sent); });
   return sent;
+}
+
+int RealSendmmsg(int fd, mmsghdr* msgs, unsigned int vlen, int flags) {
+  return g_real.sendmmsg ? g_real.sendmmsg(fd, msgs, vlen, flags)
+                         : syscall(SYS_sendmmsg, fd, msgs, vlen, flags);
+}
+
+ssize_t RealSendmsg(int fd, const msghdr* msg, int flags) {
+  return g_real.sendmsg ? g_real.sendmsg(fd, msg, flags)
+                        : syscall(SYS_sendmsg, fd, msg, flags);
+}
+
+// The shaper's calls: libc's, never ours (pread and lseek are not
+// interposed).
+constexpr SendCalls kRealSendCalls = {&RealSendmmsg, &RealSendmsg, &::pread,
+                                      &::lseek};
+
+// A send on fd that the packet shaper (shaper.h) may cut into pieces: made
+// whole by plain(), or cut by shaped(gov, cursor, count) (shaped_send.h),
+// which counts the bytes as its pieces leave. total() is the call's byte
+// count (only asked of a connection the shaper is on for); may_cut is
+// false for calls that must go whole (flags, an address, control data).
+template <typename Total, typename Plain, typename Shaped>
+inline ssize_t ShapeOrSend(int fd, bool may_cut, Total total, Plain plain,
+                           Shaped shaped) {
+  Governor* gov = ActiveGovernor();
+  if (gov == nullptr) return plain();
+  Shape shape;
+  AsLibrary(gov, [&](Governor& g) { shape = g.BeforeSend(fd); });
+  const uint32_t first_left = shape.first_left;
+  if (!may_cut) {
+    shape.piece = 0;
+    shape.first_left = 0;
+  }
+  PieceCursor cursor(shape, shape.Active() ? total() : 0);
+  if (!cursor.Cut()) {
+    const ssize_t sent = plain();
+    AsLibrary(gov, [&](Governor& g) {
+      g.AfterSend(fd, sent);
+      if (sent > 0 && first_left != 0) {
+        g.UsedFirstPieces(fd, SegmentsOf(static_cast<size_t>(sent), shape.mss));
+      }
+    });
+    return sent;
+  }
+  const auto count = [gov, fd](size_t bytes) {
+    gov->AfterSend(fd, static_cast<ssize_t>(bytes));
+  };
+  const ssize_t sent = shaped(*gov, cursor, SentCounter(count));
+  AsLibrary(gov,
+            [&](Governor& g) { g.UsedFirstPieces(fd, cursor.first_used()); });
+  return sent;
+}
+
+// The bytes of iov[0 .. iovcnt), or 0 with *ok false for iovecs the kernel
+// would refuse (the call then goes whole, and gets the kernel's answer).
+size_t IovBytes(const iovec* iov, int iovcnt, bool* ok) {
+  *ok = iov != nullptr && iovcnt > 0 && iovcnt <= IOV_MAX;
+  size_t total = 0;
+  for (int i = 0; *ok && i < iovcnt; ++i) {
+    total += iov[i].iov_len;
+    *ok = total <= static_cast<size_t>(SSIZE_MAX);
+  }
+  return *ok ? total : 0;
+}
+
+// sendfile and sendfile64 (off_t is 64 bits on every target built).
+template <typename Offset, typename Plain>
+ssize_t Sendfile(int out_fd, int in_fd, Offset* offset, size_t count,
+                 Plain plain) {
+  static_assert(sizeof(Offset) == sizeof(off_t));
+  const size_t capped = count < kMaxSendfile ? count : kMaxSendfile;
+  return ShapeOrSend(
+      out_fd, count != 0, [capped] { return capped; }, plain,
+      [&](Governor& g, PieceCursor& cursor, SentCounter counted) -> ssize_t {
+        ssize_t result = 0;
+        if (ShapedSendfile(kRealSendCalls, g.copy_buffers(), out_fd, in_fd,
+                           reinterpret_cast<off_t*>(offset), capped, cursor,
+                           counted, &result)) {
+          return result;
+        }
+        // No copy possible: the kernel's sendfile, whole.
+        result = plain();
+        if (result > 0) counted(static_cast<size_t>(result));
+        return result;
+      });
 }
 
 int AfterAccept(int fd, const sockaddr* addr, const socklen_t* len,
@@ -288,15 +376,52 @@ TRAFFICRATE_EXPORT int fcntl64(int fd, int cmd, ...) {
                             cmd, arg);
 }
 
+namespace trafficrate {
+namespace {
+
+// write, send and sendto without an address: one buffer.
+template <typename Plain>
+ssize_t SendBuffer(int fd, const void* buf, size_t len, int flags, bool may_cut,
+                   Plain plain) {
+  return ShapeOrSend(
+      fd, may_cut && FlagsAllowCut(flags) && len <= SSIZE_MAX,
+      [len] { return len; }, plain,
+      [&](Governor&, PieceCursor& cursor, SentCounter counted) {
+        const iovec one{const_cast<void*>(buf), len};
+        return ShapedSendv(kRealSendCalls, fd, &one, 1, flags, cursor, counted);
+      });
+}
+
+// writev, and sendmsg without an address or control data: iovecs.
+template <typename Plain>
+ssize_t SendIovecs(int fd, const iovec* iov, int iovcnt, int flags,
+                   bool may_cut, Plain plain) {
+  bool ok = false;
+  return ShapeOrSend(
+      fd, may_cut && FlagsAllowCut(flags),
+      [&] {
+        const size_t total = IovBytes(iov, iovcnt, &ok);
+        return ok ? total : 0;
+      },
+      [&]() -> ssize_t { return plain(); },
+      [&](Governor&, PieceCursor& cursor, SentCounter counted) -> ssize_t {
+        return ShapedSendv(kRealSendCalls, fd, iov, iovcnt, flags, cursor,
+                           counted);
+      });
+}
+
+}  // namespace
+}  // namespace trafficrate
+
 TRAFFICRATE_EXPORT ssize_t write(int fd, const void* buf, size_t count) {
-  return trafficrate::Send(fd, [&]() -> ssize_t {
+  return trafficrate::SendBuffer(fd, buf, count, 0, true, [&]() -> ssize_t {
     return g_real.write ? g_real.write(fd, buf, count)
                         : syscall(SYS_write, fd, buf, count);
   });
 }
 
 TRAFFICRATE_EXPORT ssize_t writev(int fd, const iovec* iov, int iovcnt) {
-  return trafficrate::Send(fd, [&]() -> ssize_t {
+  return trafficrate::SendIovecs(fd, iov, iovcnt, 0, true, [&]() -> ssize_t {
     return g_real.writev ? g_real.writev(fd, iov, iovcnt)
                          : syscall(SYS_writev, fd, iov, iovcnt);
   });
@@ -304,7 +429,7 @@ TRAFFICRATE_EXPORT ssize_t writev(int fd, const iovec* iov, int iovcnt) {
 
 TRAFFICRATE_EXPORT ssize_t send(int fd, const void* buf, size_t len,
                                 int flags) {
-  return trafficrate::Send(fd, [&]() -> ssize_t {
+  return trafficrate::SendBuffer(fd, buf, len, flags, true, [&]() -> ssize_t {
     return g_real.send ? g_real.send(fd, buf, len, flags)
                        : syscall(SYS_sendto, fd, buf, len, flags, nullptr, 0);
   });
@@ -313,11 +438,12 @@ TRAFFICRATE_EXPORT ssize_t send(int fd, const void* buf, size_t len,
 TRAFFICRATE_EXPORT ssize_t sendto(int fd, const void* buf, size_t len,
                                   int flags, const sockaddr* addr,
                                   socklen_t addr_len) {
-  return trafficrate::Send(fd, [&]() -> ssize_t {
-    return g_real.sendto
-               ? g_real.sendto(fd, buf, len, flags, addr, addr_len)
-               : syscall(SYS_sendto, fd, buf, len, flags, addr, addr_len);
-  });
+  return trafficrate::SendBuffer(
+      fd, buf, len, flags, addr == nullptr, [&]() -> ssize_t {
+        return g_real.sendto
+                   ? g_real.sendto(fd, buf, len, flags, addr, addr_len)
+                   : syscall(SYS_sendto, fd, buf, len, flags, addr, addr_len);
+      });
 }
 
 TRAFFICRATE_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
@@ -328,7 +454,12 @@ TRAFFICRATE_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   // Passing fds (SCM_RIGHTS): governed sockets among them are published
   // before they leave, so that the receiver finds them.
   if (msg == nullptr || msg->msg_controllen == 0) {
-    return trafficrate::Send(fd, call);
+    return trafficrate::SendIovecs(
+        fd, msg != nullptr ? msg->msg_iov : nullptr,
+        msg != nullptr ? static_cast<int>(msg->msg_iovlen) : 0, flags,
+        msg != nullptr && msg->msg_name == nullptr &&
+            msg->msg_iovlen <= IOV_MAX,
+        call);
   }
   trafficrate::Governor* gov = trafficrate::ActiveGovernor();
   if (gov == nullptr) return call();
@@ -354,14 +485,45 @@ TRAFFICRATE_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
   // Bounded: the kernel takes at most UIO_MAXIOV (1024) messages per call.
   const unsigned int n = msgs != nullptr ? (vlen < 1024 ? vlen : 1024) : 0;
   int published = 0;
+  bool plain = false;  // a message the shaper must not cut
+  trafficrate::Shape shape;
   trafficrate::AsLibrary(gov, [&](trafficrate::Governor& g) {
     for (unsigned int i = 0; i < n; ++i) {
+      plain = plain || msgs[i].msg_hdr.msg_name != nullptr ||
+              msgs[i].msg_hdr.msg_controllen != 0;
       if (msgs[i].msg_hdr.msg_controllen != 0) {
         published += g.BeforePassFds(&msgs[i].msg_hdr);
       }
     }
-    g.BeforeSend(fd);
+    shape = g.BeforeSend(fd);
   });
+  if (shape.Active() && !plain && n > 0) {
+    // Each message as a call of its own, cut by the shaper; as the
+    // kernel's loop does, stop at a message not sent whole, and fail only
+    // if the first one fails.
+    const int saved_errno = errno;
+    unsigned int done = 0;
+    for (; done < n; ++done) {
+      msghdr* hdr = &msgs[done].msg_hdr;
+      bool ok = false;
+      const size_t want = trafficrate::IovBytes(
+          hdr->msg_iov, static_cast<int>(hdr->msg_iovlen), &ok);
+      const ssize_t r = trafficrate::SendIovecs(
+          fd, hdr->msg_iov, static_cast<int>(hdr->msg_iovlen), flags, ok,
+          [&]() -> ssize_t {
+            return trafficrate::RealSendmsg(fd, hdr, flags);
+          });
+      if (r < 0) break;
+      msgs[done].msg_len = static_cast<unsigned int>(r);
+      if (static_cast<size_t>(r) < want) {
+        ++done;
+        break;
+      }
+    }
+    if (done == 0) return -1;
+    errno = saved_errno;
+    return static_cast<int>(done);
+  }
   const int sent = call();
   trafficrate::AsLibrary(gov, [&](trafficrate::Governor& g) {
     ssize_t bytes = 0;
@@ -409,7 +571,7 @@ TRAFFICRATE_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
 
 TRAFFICRATE_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset,
                                     size_t count) {
-  return trafficrate::Send(out_fd, [&]() -> ssize_t {
+  return trafficrate::Sendfile(out_fd, in_fd, offset, count, [&]() -> ssize_t {
     return g_real.sendfile
                ? g_real.sendfile(out_fd, in_fd, offset, count)
                : syscall(SYS_sendfile, out_fd, in_fd, offset, count);
@@ -418,22 +580,29 @@ TRAFFICRATE_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset,
 
 TRAFFICRATE_EXPORT ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset,
                                       size_t count) {
-  return trafficrate::Send(out_fd, [&]() -> ssize_t {
+  return trafficrate::Sendfile(out_fd, in_fd, offset, count, [&]() -> ssize_t {
     return g_real.sendfile64
                ? g_real.sendfile64(out_fd, in_fd, offset, count)
                : syscall(SYS_sendfile, out_fd, in_fd, offset, count);
   });
 }
 
+// splice to a socket is never cut: its source is a pipe, which cannot be
+// un-read, and a copy would have to consume bytes the kernel may not take.
+// It goes whole (its first pieces counted by the segments it makes).
 TRAFFICRATE_EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out,
                                   loff_t* off_out, size_t len,
                                   unsigned int flags) {
-  return trafficrate::Send(fd_out, [&]() -> ssize_t {
+  const auto call = [&]() -> ssize_t {
     return g_real.splice
                ? g_real.splice(fd_in, off_in, fd_out, off_out, len, flags)
                : syscall(SYS_splice, fd_in, off_in, fd_out, off_out, len,
                          flags);
-  });
+  };
+  return trafficrate::ShapeOrSend(
+      fd_out, false, [] { return size_t{0}; }, call,
+      [&](trafficrate::Governor&, trafficrate::PieceCursor&,
+          trafficrate::SentCounter) { return call(); });
 }
 
 // The setrlimit family is called by AddressSanitizer's own start-up (for

@@ -171,6 +171,12 @@ absl::StatusOr<bool> ParseInherited(absl::string_view value) {
   return VariableError(kEnvInherited, value, "is not 0 or 1", kStrictForm);
 }
 
+absl::StatusOr<bool> ParseShape(absl::string_view value) {
+  if (value == "0") return false;
+  if (value == "1") return true;
+  return VariableError(kEnvShape, value, "is not 0 or 1", kStrictForm);
+}
+
 absl::StatusOr<LogTarget> ParseLogTarget(absl::string_view value,
                                          std::string* path) {
   path->clear();
@@ -282,6 +288,9 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
   }
   if (const char* value = env(kEnvInherited); value != nullptr) {
     TRAFFICRATE_ASSIGN_OR_RETURN(config.inherited, ParseInherited(value));
+  }
+  if (const char* value = env(kEnvShape); value != nullptr) {
+    TRAFFICRATE_ASSIGN_OR_RETURN(config.shape, ParseShape(value));
   }
   if (const char* value = env(kEnvConfig); value != nullptr) {
     TRAFFICRATE_RETURN_IF_ERROR(ApplyRulesFile(value, replaced, &config));

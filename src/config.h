@@ -38,6 +38,10 @@
 //   TRAFFICRATE_BURST      budget mode: unused allowance a key may bank,
 //                          k/m/g units, 1k .. 1g; unset: 50 ms of the rate,
 //                          at least 16k
+//   TRAFFICRATE_SHAPE      1 | 0: the packet shaper (shaper.h) cuts the
+//                          sends of slow connections, and every
+//                          connection's first bytes, into small MSG_EOR
+//                          pieces; 0 leaves them to the kernel. Default 1.
 //   TRAFFICRATE_CONFIG     an absolute path to a rules file (rules_file.h):
 //                          named rules, each with its own ports, clients,
 //                          key, rate, after and burst, in place of
@@ -94,6 +98,7 @@ inline constexpr const char* kEnvIdle = "TRAFFICRATE_IDLE";
 inline constexpr const char* kEnvShare = "TRAFFICRATE_SHARE";
 inline constexpr const char* kEnvBurst = "TRAFFICRATE_BURST";
 inline constexpr const char* kEnvInherited = "TRAFFICRATE_INHERITED";
+inline constexpr const char* kEnvShape = "TRAFFICRATE_SHAPE";
 inline constexpr const char* kEnvConfig = "TRAFFICRATE_CONFIG";
 inline constexpr const char* kEnvCluster = "TRAFFICRATE_CLUSTER";
 inline constexpr const char* kEnvClusterSecret = "TRAFFICRATE_CLUSTER_SECRET";
@@ -102,11 +107,11 @@ inline constexpr const char* kEnvClusterDecay = "TRAFFICRATE_CLUSTER_DECAY";
 inline constexpr const char* kEnvClusterHost = "TRAFFICRATE_CLUSTER_HOST";
 // Every variable ParseConfig reads, in the order it reads them.
 inline constexpr const char* kEnvNames[] = {
-    kEnvRate,        kEnvKey,          kEnvZone,       kEnvZoneSize,
-    kEnvPorts,       kEnvExempt,       kEnvAfter,      kEnvLog,
-    kEnvStrict,      kEnvIdle,         kEnvShare,      kEnvBurst,
-    kEnvInherited,   kEnvConfig,       kEnvCluster,    kEnvClusterSecret,
-    kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
+    kEnvRate,          kEnvKey,         kEnvZone,         kEnvZoneSize,
+    kEnvPorts,         kEnvExempt,      kEnvAfter,        kEnvLog,
+    kEnvStrict,        kEnvIdle,        kEnvShare,        kEnvBurst,
+    kEnvInherited,     kEnvShape,       kEnvConfig,       kEnvCluster,
+    kEnvClusterSecret, kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
 
 inline constexpr uint64_t kMinRateBytesPerSec = 1;
 inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
@@ -142,6 +147,8 @@ struct Config {
   // TRAFFICRATE_INHERITED: at start-up, govern the client connections the
   // process inherited (inetd, systemd Accept=yes): Governor::AdoptInherited.
   bool inherited = true;
+  // TRAFFICRATE_SHAPE: the packet shaper (shaper.h) on.
+  bool shape = true;
   // TRAFFICRATE_CONFIG: the rules file's rules, in order (empty without
   // one). With a file, rate_bytes_per_sec, key and burst_bytes are those
   // of its first rule that has a rate (the zone's rule 0), ports and
@@ -194,6 +201,8 @@ ABSL_MUST_USE_RESULT absl::StatusOr<int64_t> ParseIdleNs(
 ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseStrict(absl::string_view value);
 ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseInherited(
     absl::string_view value);
+// TRAFFICRATE_SHAPE: exactly "0" or "1".
+ABSL_MUST_USE_RESULT absl::StatusOr<bool> ParseShape(absl::string_view value);
 // TRAFFICRATE_SHARE: exactly "budget" or "equal".
 ABSL_MUST_USE_RESULT absl::StatusOr<ShareMode> ParseShare(
     absl::string_view value);

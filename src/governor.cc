@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -162,6 +163,7 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       pid_(static_cast<int32_t>(getpid())) {
   local_ = MapPrivateArray<LocalConn>(zone_->conn_capacity());
   key_local_ = MapPrivateArray<LocalKey>(zone_->key_capacity());
+  if (options_.shape) copy_buffers_ = CopyBuffers::Create();
   rules_generation_seen_.store(
       zone_->header().rules_generation.load(std::memory_order_acquire),
       std::memory_order_release);
@@ -184,6 +186,7 @@ Governor::~Governor() {
   ReleaseKeptDrains();
   UnmapPrivateArray(local_, zone_->conn_capacity());
   UnmapPrivateArray(key_local_, zone_->key_capacity());
+  delete copy_buffers_;
 }
 
 int64_t Governor::LastSendNs(int fd) const {
@@ -317,11 +320,12 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
     }
     return;
   }
-  Adopt(fd, entry, conn, cookie, now, expected);
+  Adopt(fd, entry, conn, cookie, now, expected,
+        /*fresh=*/!inherited && expected == 0);
 }
 
 bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-                     int64_t now, uint64_t expected) {
+                     int64_t now, uint64_t expected, bool fresh) {
   AddLocalRef(conn, cookie);
   entry.applied.store(kNeverApplied, std::memory_order_relaxed);
   entry.visit_tick.store(0, std::memory_order_relaxed);
@@ -337,6 +341,14 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   local_[conn].kernel_base.store(kNoKernelBase, std::memory_order_relaxed);
   local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
   local_[conn].slow.store(false, std::memory_order_relaxed);
+  local_[conn].piece.store(0, std::memory_order_relaxed);
+  local_[conn].mss.store(0, std::memory_order_relaxed);
+  // A connection paced from its first byte sends its first segments as
+  // first pieces; one that sends TRAFFICRATE_AFTER bytes unpaced first has
+  // used them by the time it is paced.
+  local_[conn].first_left.store(
+      fresh && AfterBytes(zone_->conn(conn)) == 0 ? kFirstPieces : 0,
+      std::memory_order_relaxed);
   if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
                                            std::memory_order_acq_rel)) {
     // Closed meanwhile (RegisterPending, from the watcher): the
@@ -461,14 +473,14 @@ void Governor::CopyRegistration(const FdEntry& from, uint64_t state,
   table_->NoteTracked(newfd);
 }
 
-void Governor::BeforeSend(int fd) {
+Shape Governor::BeforeSend(int fd) {
   FdEntry* entry = table_->Get(fd);
-  if (entry == nullptr) return;
+  if (entry == nullptr) return Shape();
   const uint64_t state = entry->state.load(std::memory_order_acquire);
-  if (state == 0) return;
+  if (state == 0) return Shape();
   if (StateConn(state) >= zone_->conn_capacity()) {
     if (IsRegisterPending(state)) RetryRegister(fd, *entry, state);
-    return;
+    return Shape();
   }
   // A tick's precision is plenty for idleness (TRAFFICRATE_IDLE is 200 ms by
   // default; a stamp a tick early only makes an idle look come a tick early,
@@ -485,6 +497,29 @@ void Governor::BeforeSend(int fd) {
   } else {
     ApplyIfChanged(fd, *entry, state, conn);
   }
+  if (!options_.shape) return Shape();
+  // The pacing applied to this socket, as SetPacing left it.
+  const LocalConn& local = local_[StateConn(state)];
+  Shape shape;
+  shape.piece = local.piece.load(std::memory_order_relaxed);
+  shape.first_left = local.first_left.load(std::memory_order_relaxed);
+  shape.mss = local.mss.load(std::memory_order_relaxed);
+  if (!conn.active.load(std::memory_order_relaxed)) {
+    // Not paced yet (TRAFFICRATE_AFTER): its first bytes leave unpaced.
+    shape.piece = 0;
+    shape.first_left = 0;
+  }
+  return shape;
+}
+
+void Governor::UsedFirstPieces(int fd, uint32_t n) {
+  FdEntry* entry = table_->Get(fd);
+  if (entry == nullptr || n == 0) return;
+  const uint64_t state = entry->state.load(std::memory_order_relaxed);
+  if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+  std::atomic<uint32_t>& left = local_[StateConn(state)].first_left;
+  const uint32_t before = left.load(std::memory_order_relaxed);
+  left.store(before > n ? before - n : 0, std::memory_order_relaxed);
 }
 
 void Governor::AfterSend(int fd, ssize_t sent) {
@@ -746,6 +781,20 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
   if (setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)) !=
       0) {
     return false;
+  }
+  if (options_.shape) {
+    const uint32_t index = zone_->ConnIndexOf(conn);
+    LocalConn& local = local_[index];
+    if (local.mss.load(std::memory_order_relaxed) == 0) {
+      // Once per connection: the kernel's MSS on its path.
+      int mss = 0;
+      socklen_t len = sizeof(mss);
+      if (getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) == 0 && mss > 0) {
+        local.mss.store(static_cast<uint32_t>(mss), std::memory_order_relaxed);
+      }
+    }
+    local.piece.store(PieceBytes(rate, VaryIndex(index)),
+                      std::memory_order_relaxed);
   }
   const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
       rate, std::memory_order_relaxed);
@@ -1222,6 +1271,7 @@ void Governor::AfterForkChild() {
   if (options_.agent != nullptr) options_.agent->AfterForkChild();
   pid_ = static_cast<int32_t>(getpid());
   table_->ClearPinsAfterFork();
+  if (copy_buffers_ != nullptr) copy_buffers_->AfterForkChild();
   // No thread of the parent survives to end its read of the rule table.
   rule_readers_.store(0, std::memory_order_relaxed);
   // Registrations the parent had pending are this process's to make too.

@@ -9,8 +9,10 @@
 //
 //   Governor gov(zone, table, &logger, options);
 //   gov.OnAccept(fd, peer, peer_len);  // after a successful accept
-//   gov.BeforeSend(fd);                // before every write/send/sendfile
-//   gov.AfterSend(fd, sent);           // after it
+//   Shape shape = gov.BeforeSend(fd);  // before every write/send/sendfile
+//   ... the call, cut as shape says (shaped_send.h) ...
+//   gov.AfterSend(fd, sent);           // after it (or as pieces leave)
+//   gov.UsedFirstPieces(fd, n);        // first pieces the call used
 //   gov.OnClose(fd);                   // before the real close
 //
 // The lib/ interposers are thin glue over these calls; tests drive them on
@@ -37,6 +39,8 @@
 #include "src/process_token.h"
 #include "src/rules.h"
 #include "src/rules_file.h"
+#include "src/shaped_send.h"
+#include "src/shaper.h"
 #include "src/watcher.h"
 #include "src/zone.h"
 
@@ -67,6 +71,9 @@ struct GovernorOptions : WatcherTiming {
   // TRAFFICRATE_AFTER: a connection joins its key (takes a share, is paced)
   // only once it has sent this many bytes.
   uint64_t after_bytes = 0;
+  // TRAFFICRATE_SHAPE: BeforeSend gives the packet shaper's Shape (shaper.h)
+  // of paced connections; false: always an inactive one.
+  bool shape = true;
   // TRAFFICRATE_CONFIG: the rules file and its rules, matched in order once
   // per accepted connection (a getsockname and a walk of their lists;
   // nothing per send). Empty: key, rules and after_bytes above are the one
@@ -110,10 +117,18 @@ class Governor {
   // the key is the local endpoint).
   void OnAccept(int fd, const sockaddr* peer, socklen_t peer_len);
   // Hot path: no allocation, no lock unless the connection joins its key,
-  // errno may be clobbered (the interposer restores it).
-  void BeforeSend(int fd);
+  // errno may be clobbered (the interposer restores it). Returns how the
+  // packet shaper cuts the call (inactive: not at all), from the pacing now
+  // applied to the socket.
+  Shape BeforeSend(int fd);
   // Hot path: counts bytes sent. errno may be clobbered.
   void AfterSend(int fd, ssize_t sent);
+  // Hot path: the call used n of the connection's first pieces (its first
+  // kFirstPieces segments, which the kernel sends unpaced).
+  void UsedFirstPieces(int fd, uint32_t n);
+  // Where sendfile's bounded copy reads (shaped_send.h); null if none
+  // could be reserved.
+  CopyBuffers* copy_buffers() const { return copy_buffers_; }
   // Before the real close of fd: ReleaseDetached(Detach(fd)).
   void OnClose(int fd);
   // Before a call that may replace fd (dup2, dup3): stops governing fd and
@@ -280,8 +295,10 @@ class Governor {
   // registration this process owns now (Register, OnReceivedFds), if fd's
   // entry still holds `expected`; else ends the registration and returns
   // false.
+  // fresh: a connection this process accepted, which has sent nothing yet
+  // (its first bytes are cut into first pieces).
   bool Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-             int64_t now_ns, uint64_t expected);
+             int64_t now_ns, uint64_t expected, bool fresh = false);
   // One received fd (OnReceivedFds).
   void ReceiveFd(int fd);
   // pending: the state it had (kRegisterPending, or an inherited socket's
@@ -406,6 +423,12 @@ class Governor {
     std::atomic<int64_t> idle_queued_ns;
     // Budget mode: when the watcher last applied a level to it.
     std::atomic<int64_t> applied_ns;
+    // The packet shaper (shaper.h): the piece size for the pacing applied
+    // (0: none), its first pieces still to go, and its socket's MSS (0:
+    // not read yet).
+    std::atomic<uint32_t> piece;
+    std::atomic<uint32_t> first_left;
+    std::atomic<uint32_t> mss;
     // Budget mode: what the kernel had sent of its socket before this
     // registration (MeasureConn; kNoKernelBase until its first measurement).
     std::atomic<uint64_t> kernel_base;
@@ -434,6 +457,7 @@ class Governor {
   void EstimateConn(const LocalConn& local, ConnSlotShm& conn, int64_t now_ns);
   static constexpr uint64_t kNoKernelBase = ~uint64_t{0};
   LocalConn* local_ = nullptr;  // zone conn_capacity entries
+  CopyBuffers* copy_buffers_ = nullptr;
   // Budget mode, this process's view of each key: the tick in which it
   // last tried to decide it, and the largest packet its connections of the
   // key sent (LocalConn::packet_bytes) in the window that began at

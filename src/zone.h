@@ -184,6 +184,10 @@ class Zone {
   // REQUIRES: index below the matching capacity.
   KeySlotShm& key(uint32_t index) const { return keys_[index]; }
   ConnSlotShm& conn(uint32_t index) const { return conns_[index]; }
+  // REQUIRES: conn is one of this zone's connection slots.
+  uint32_t ConnIndexOf(const ConnSlotShm& conn) const {
+    return static_cast<uint32_t>(&conn - conns_);
+  }
   ProcSlotShm& proc(uint32_t index) const { return procs_[index]; }
   HandoffSlotShm& handoff(uint32_t index) const { return handoffs_[index]; }
 

@@ -134,13 +134,24 @@ TEST(ParseConfigTest, AllVariablesSet) {
   EXPECT_EQ(config.after_bytes, 2u << 20);
 }
 
+TEST(ParseConfigTest, ShapeIsOnByDefaultAndTakesZeroOrOne) {
+  EXPECT_TRUE(FakeEnv({{kEnvRate, "1m"}}).Parse()->shape);
+  EXPECT_FALSE(FakeEnv({{kEnvRate, "1m"}, {kEnvShape, "0"}}).Parse()->shape);
+  EXPECT_TRUE(FakeEnv({{kEnvRate, "1m"}, {kEnvShape, "1"}}).Parse()->shape);
+  for (const char* value : {"off", "true", "2", " 1"}) {
+    ExpectErrorNaming(
+        FakeEnv({{kEnvRate, "1m"}, {kEnvShape, value}}).Parse().status(),
+        kEnvShape);
+  }
+}
+
 TEST(ParseConfigTest, VariablesAreReadInTheDocumentedOrder) {
   const std::vector<std::string> want = {
-      kEnvRate,        kEnvKey,          kEnvZone,       kEnvZoneSize,
-      kEnvPorts,       kEnvExempt,       kEnvAfter,      kEnvLog,
-      kEnvStrict,      kEnvIdle,         kEnvShare,      kEnvBurst,
-      kEnvInherited,   kEnvConfig,       kEnvCluster,    kEnvClusterSecret,
-      kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
+      kEnvRate,          kEnvKey,         kEnvZone,         kEnvZoneSize,
+      kEnvPorts,         kEnvExempt,      kEnvAfter,        kEnvLog,
+      kEnvStrict,        kEnvIdle,        kEnvShare,        kEnvBurst,
+      kEnvInherited,     kEnvShape,       kEnvConfig,       kEnvCluster,
+      kEnvClusterSecret, kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
   std::vector<std::string> seen;
   ASSERT_TRUE(ParseConfig([&](const char* name) -> const char* {
                 seen.push_back(name);

@@ -120,6 +120,46 @@ TEST_F(GovernorTest, FirstSendJoinsAndAppliesTheWholeRate) {
   EXPECT_EQ(ConnOf(c.server).bytes_sent.load(), 1500u);
 }
 
+TEST_F(GovernorTest, BeforeSendGivesTheShaperItsShape) {
+  StartGovernor();
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  // A fresh connection at a low level: pieces for its level, its first
+  // pieces still to go, its MSS read once.
+  const Shape shape = gov_->BeforeSend(c.server);
+  ASSERT_LT(kRate, kShapeBelowBytesPerSec);
+  EXPECT_EQ(
+      shape.piece,
+      PieceBytes(kRate,
+                 VaryIndex(StateConn(table_->Get(c.server)->state.load()))));
+  EXPECT_EQ(shape.first_left, kFirstPieces);
+  EXPECT_GT(shape.mss, 0u);
+  gov_->UsedFirstPieces(c.server, 4);
+  EXPECT_EQ(gov_->BeforeSend(c.server).first_left, kFirstPieces - 4);
+  gov_->UsedFirstPieces(c.server, 100);
+  EXPECT_EQ(gov_->BeforeSend(c.server).first_left, 0u);
+  // A second connection halves the level: the piece follows the pacing.
+  const Conn c2 = Open();
+  ASSERT_GE(c2.server, 0);
+  const Shape half = gov_->BeforeSend(c2.server);
+  EXPECT_EQ(
+      half.piece,
+      PieceBytes(kRate / 2,
+                 VaryIndex(StateConn(table_->Get(c2.server)->state.load()))));
+}
+
+TEST_F(GovernorTest, ShaperOffGivesNoShape) {
+  GovernorOptions options;
+  options.idle_ns = kLongIdleNs;
+  options.shape = false;
+  StartGovernor(options);
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  EXPECT_FALSE(gov_->BeforeSend(c.server).Active());
+  EXPECT_EQ(Pacing(c.server), kRate);
+  EXPECT_EQ(gov_->copy_buffers(), nullptr);
+}
+
 TEST_F(GovernorTest, SecondConnectionFromTheSameAddressHalvesBoth) {
   StartGovernor();
   const Conn c1 = Open();

@@ -118,6 +118,17 @@ std::vector<VariableDoc>* MakeVariableDocs() {
        "from its launcher (inetd, xinetd, systemd Accept=yes) are governed; "
        "`0`: they are left alone.",
        "1"},
+      {"TRAFFICRATE_SHAPE", "--no-shape", "", "0",
+       "leave every send to the kernel's own packet sizes instead of "
+       "cutting slow connections' sends into small pieces (for comparison)",
+       "`1`: the sends of connections paced below about 2.5 MB/s, and the "
+       "first bytes of every connection, go to the kernel as small MSG_EOR "
+       "pieces (about 40 a second, a different size on each connection of a "
+       "client), so that the rate holds in every second and a new "
+       "connection's unpaced start is about 1 KB; sendfile to such a "
+       "connection goes through a bounded copy. `0`: every call goes to the "
+       "kernel as the server made it.",
+       "1"},
       {"TRAFFICRATE_CONFIG", "--config", "FILE", "",
        "a rules file: named rules, each with its own listen ports, clients, "
        "exempt, key, rate, after and burst, in place of --rate, --key, "
