@@ -323,7 +323,8 @@ class Conn:
             if sent < 0:
                 raise Problem("sendmmsg failed: %s" % os.strerror(ctypes.get_errno()))
             if not 0 < sent <= len(groups):
-                raise Problem("sendmmsg returned %d for %d messages" % (sent, len(groups)))
+                raise Problem("sendmmsg returned %d for %d messages"
+                              % (sent, len(groups)))
             if sent < len(groups):
                 raise Problem("sendmmsg on a blocking socket sent %d of %d messages"
                               % (sent, len(groups)))

@@ -160,13 +160,11 @@ def sleep_until(t):
     time.sleep(max(0.0, t - time.monotonic()))
 
 
-def bucket_text(rows, base, target, checked_from=None):
+def bucket_text(rows, base, target):
     lines = ["  second      client B/s   x target"]
     for a, b, total, _ in rows:
-        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f%s" % (
-            a - base, b - base, total, total / target,
-            "" if checked_from is None or a - base >= checked_from - 1e-6
-            else "  (not checked)"))
+        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f" % (a - base, b - base, total,
+                                                      total / target))
     return "\n".join(lines)
 
 
@@ -358,7 +356,8 @@ def finish_many(s):
                    "per connection %.0f..%.0f B/s\n%s" % (
                        s["server"].title, s["mode_text"], s["shape"] or "unset (on)",
                        s["client"], MANY,
-                       t0 - base, bucket_text(rows, base, TARGET), ratio_text(total, TARGET),
+                       t0 - base, bucket_text(rows, base, TARGET),
+                       ratio_text(total, TARGET),
                        min(d.rate(t0, t1) for d in dset.downloads),
                        max(d.rate(t0, t1) for d in dset.downloads),
                        "\n".join(dset.errors())))
