@@ -116,9 +116,12 @@ inline ssize_t ShapeOrSend(int fd, bool may_cut, Total total, Plain plain,
   const auto count = [gov, fd](size_t bytes) {
     gov->AfterSend(fd, static_cast<ssize_t>(bytes));
   };
-  const ssize_t sent = shaped(*gov, cursor, SentCounter(count));
-  AsLibrary(gov,
-            [&](Governor& g) { g.UsedFirstPieces(fd, cursor.first_used()); });
+  ShapeCounts counts;
+  const ssize_t sent = shaped(*gov, cursor, SentCounter(count), &counts);
+  AsLibrary(gov, [&](Governor& g) {
+    g.UsedFirstPieces(fd, cursor.first_used());
+    g.CountShaped(counts);
+  });
   return sent;
 }
 
@@ -142,11 +145,12 @@ ssize_t Sendfile(int out_fd, int in_fd, Offset* offset, size_t count,
   const size_t capped = count < kMaxSendfile ? count : kMaxSendfile;
   return ShapeOrSend(
       out_fd, count != 0, [capped] { return capped; }, plain,
-      [&](Governor& g, PieceCursor& cursor, SentCounter counted) -> ssize_t {
+      [&](Governor& g, PieceCursor& cursor, SentCounter counted,
+          ShapeCounts* counts) -> ssize_t {
         ssize_t result = 0;
         if (ShapedSendfile(kRealSendCalls, g.copy_buffers(), out_fd, in_fd,
                            reinterpret_cast<off_t*>(offset), capped, cursor,
-                           counted, &result)) {
+                           counted, counts, &result)) {
           return result;
         }
         // No copy possible: the kernel's sendfile, whole.
@@ -386,9 +390,11 @@ ssize_t SendBuffer(int fd, const void* buf, size_t len, int flags, bool may_cut,
   return ShapeOrSend(
       fd, may_cut && FlagsAllowCut(flags) && len <= SSIZE_MAX,
       [len] { return len; }, plain,
-      [&](Governor&, PieceCursor& cursor, SentCounter counted) {
+      [&](Governor&, PieceCursor& cursor, SentCounter counted,
+          ShapeCounts* counts) {
         const iovec one{const_cast<void*>(buf), len};
-        return ShapedSendv(kRealSendCalls, fd, &one, 1, flags, cursor, counted);
+        return ShapedSendv(kRealSendCalls, fd, &one, 1, flags, cursor, counted,
+                           counts);
       });
 }
 
@@ -404,9 +410,10 @@ ssize_t SendIovecs(int fd, const iovec* iov, int iovcnt, int flags,
         return ok ? total : 0;
       },
       [&]() -> ssize_t { return plain(); },
-      [&](Governor&, PieceCursor& cursor, SentCounter counted) -> ssize_t {
+      [&](Governor&, PieceCursor& cursor, SentCounter counted,
+          ShapeCounts* counts) -> ssize_t {
         return ShapedSendv(kRealSendCalls, fd, iov, iovcnt, flags, cursor,
-                           counted);
+                           counted, counts);
       });
 }
 
@@ -602,7 +609,8 @@ TRAFFICRATE_EXPORT ssize_t splice(int fd_in, loff_t* off_in, int fd_out,
   return trafficrate::ShapeOrSend(
       fd_out, false, [] { return size_t{0}; }, call,
       [&](trafficrate::Governor&, trafficrate::PieceCursor&,
-          trafficrate::SentCounter) { return call(); });
+          trafficrate::SentCounter,
+          trafficrate::ShapeCounts*) { return call(); });
 }
 
 // The setrlimit family is called by AddressSanitizer's own start-up (for

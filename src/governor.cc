@@ -522,6 +522,15 @@ void Governor::UsedFirstPieces(int fd, uint32_t n) {
   left.store(before > n ? before - n : 0, std::memory_order_relaxed);
 }
 
+void Governor::CountShaped(const ShapeCounts& counts) {
+  const uint32_t proc = watcher_.proc_index();
+  if (proc >= zone_->proc_capacity()) return;
+  ProcSlotShm& slot = zone_->proc(proc);
+  slot.shaped_calls.fetch_add(1, std::memory_order_relaxed);
+  slot.shaper_syscalls.fetch_add(counts.syscalls, std::memory_order_relaxed);
+  slot.shaped_pieces.fetch_add(counts.pieces, std::memory_order_relaxed);
+}
+
 void Governor::AfterSend(int fd, ssize_t sent) {
   if (sent <= 0) return;
   FdEntry* entry = table_->Get(fd);
@@ -786,11 +795,18 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
     const uint32_t index = zone_->ConnIndexOf(conn);
     LocalConn& local = local_[index];
     if (local.mss.load(std::memory_order_relaxed) == 0) {
-      // Once per connection: the kernel's MSS on its path.
-      int mss = 0;
-      socklen_t len = sizeof(mss);
-      if (getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &len) == 0 && mss > 0) {
-        local.mss.store(static_cast<uint32_t>(mss), std::memory_order_relaxed);
+      // Once per connection (its first pacing, before its first byte): the
+      // kernel's MSS on its path, and its round trip as the handshake
+      // measured it, which decide whether first pieces are worth a round
+      // trip (FirstPiecesPay).
+      tcp_info info{};
+      socklen_t len = sizeof(info);
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+          info.tcpi_snd_mss > 0) {
+        local.mss.store(info.tcpi_snd_mss, std::memory_order_relaxed);
+        if (!FirstPiecesPay(rate, info.tcpi_snd_mss, info.tcpi_rtt)) {
+          local.first_left.store(0, std::memory_order_relaxed);
+        }
       }
     }
     local.piece.store(PieceBytes(rate, VaryIndex(index)),

@@ -126,6 +126,9 @@ class Governor {
   // Hot path: the call used n of the connection's first pieces (its first
   // kFirstPieces segments, which the kernel sends unpaced).
   void UsedFirstPieces(int fd, uint32_t n);
+  // Hot path: adds a cut call's cost to this process's shaper counters in
+  // the zone (ProcSlotShm).
+  void CountShaped(const ShapeCounts& counts);
   // Where sendfile's bounded copy reads (shaped_send.h); null if none
   // could be reserved.
   CopyBuffers* copy_buffers() const { return copy_buffers_; }

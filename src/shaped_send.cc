@@ -74,7 +74,7 @@ void Fill(Batch& batch, const iovec* iov, int iovcnt, int* src, size_t* src_off,
 // bytes the host's call sent before this (sendfile's earlier chunks).
 ssize_t SendPieces(const SendCalls& calls, int fd, const iovec* iov, int iovcnt,
                    int flags, PieceCursor& cursor, SentCounter count,
-                   size_t earlier, bool* stopped) {
+                   size_t earlier, ShapeCounts* counts, bool* stopped) {
   Batch batch;
   int src = 0;
   size_t src_off = 0;
@@ -89,12 +89,14 @@ ssize_t SendPieces(const SendCalls& calls, int fd, const iovec* iov, int iovcnt,
     // the host's one call, having copied bytes already, would not.
     int sent = calls.sendmmsg(fd, batch.msgs, batch.count,
                               flags | MSG_EOR | MSG_NOSIGNAL);
+    ++counts->syscalls;
     if (sent < 0 && total == 0 && earlier == 0 && errno == EPIPE &&
         (flags & MSG_NOSIGNAL) == 0) {
       // Nothing went: the host's call would have raised SIGPIPE. The first
       // piece again, with the host's flags, gives it (and the error).
       const ssize_t one =
           calls.sendmsg(fd, &batch.msgs[0].msg_hdr, flags | MSG_EOR);
+      ++counts->syscalls;
       if (one >= 0) {
         batch.msgs[0].msg_len = static_cast<unsigned int>(one);
         sent = 1;
@@ -117,6 +119,7 @@ ssize_t SendPieces(const SendCalls& calls, int fd, const iovec* iov, int iovcnt,
       }
     }
     total += taken;
+    counts->pieces += static_cast<uint32_t>(sent);
     if (taken > 0) count(taken);
     if (!whole || static_cast<unsigned int>(sent) < batch.count) {
       *stopped = true;
@@ -137,11 +140,11 @@ bool FlagsAllowCut(int flags) {
 
 ssize_t ShapedSendv(const SendCalls& calls, int fd, const iovec* iov,
                     int iovcnt, int flags, PieceCursor& cursor,
-                    SentCounter count) {
+                    SentCounter count, ShapeCounts* counts) {
   const int saved_errno = errno;
   bool stopped = false;
-  const ssize_t r =
-      SendPieces(calls, fd, iov, iovcnt, flags, cursor, count, 0, &stopped);
+  const ssize_t r = SendPieces(calls, fd, iov, iovcnt, flags, cursor, count, 0,
+                               counts, &stopped);
   if (r >= 0) errno = saved_errno;
   return r;
 }
@@ -180,7 +183,8 @@ void CopyBuffers::Give(int index) {
 
 bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
                     int in_fd, off_t* offset, size_t count, PieceCursor& cursor,
-                    SentCounter count_sent, ssize_t* result) {
+                    SentCounter count_sent, ShapeCounts* counts,
+                    ssize_t* result) {
   if (buffers == nullptr) return false;
   const int saved_errno = errno;
   const int b = buffers->Take();
@@ -191,6 +195,7 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
     start = *offset;
   } else {
     start = calls.lseek(in_fd, 0, SEEK_CUR);
+    ++counts->syscalls;
   }
   if (start < 0) {
     buffers->Give(b);
@@ -207,6 +212,7 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
                             : CopyBuffers::kBytes;
     const ssize_t n =
         calls.pread(in_fd, buf, want, start + static_cast<off_t>(total));
+    ++counts->syscalls;
     if (n < 0 && first) {
       // Not a file pread reads (a pipe, O_DIRECT): the kernel's sendfile
       // says what it makes of it.
@@ -218,7 +224,7 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
     const iovec chunk{buf, static_cast<size_t>(n)};
     bool stopped = false;
     const ssize_t sent = SendPieces(calls, out_fd, &chunk, 1, 0, cursor,
-                                    count_sent, total, &stopped);
+                                    count_sent, total, counts, &stopped);
     if (sent < 0) {
       send_errno = errno;
       failed = total == 0;
@@ -233,6 +239,7 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
       *offset = end;
     } else {
       calls.lseek(in_fd, end, SEEK_SET);
+      ++counts->syscalls;
     }
   }
   buffers->Give(b);

@@ -60,12 +60,19 @@ inline constexpr int kBatchIovecs = 64;
 
 using SentCounter = absl::FunctionRef<void(size_t bytes)>;
 
+// What a cut call cost: the system calls it made, and the pieces the
+// kernel took.
+struct ShapeCounts {
+  uint32_t syscalls = 0;
+  uint32_t pieces = 0;
+};
+
 // send/sendto without an address/write/writev/sendmsg without control data
 // or address: iov as cut by cursor, with flags (the host's, plus MSG_EOR).
 // REQUIRES: cursor.Cut(), cursor made for the iovecs' total.
 ssize_t ShapedSendv(const SendCalls& calls, int fd, const iovec* iov,
                     int iovcnt, int flags, PieceCursor& cursor,
-                    SentCounter count);
+                    SentCounter count, ShapeCounts* counts);
 
 // Whether a host call with these flags may be cut: MSG_MORE (the host wants
 // its tail to grow), MSG_OOB, MSG_ZEROCOPY and MSG_FASTOPEN go whole.
@@ -106,7 +113,8 @@ class CopyBuffers {
 // REQUIRES: cursor.Cut(), cursor made for count (capped at kMaxSendfile).
 bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
                     int in_fd, off_t* offset, size_t count, PieceCursor& cursor,
-                    SentCounter count_sent, ssize_t* result);
+                    SentCounter count_sent, ShapeCounts* counts,
+                    ssize_t* result);
 
 // The most one sendfile call transfers (the kernel's MAX_RW_COUNT).
 inline constexpr size_t kMaxSendfile = 0x7ffff000;

@@ -165,6 +165,9 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     ProcSnapshot row{i, p.pid.load(), p.conns.load(), !Zone::ProcMaybeDead(p)};
     row.watcher_cpu_pct = p.watcher_cpu.load() / 100.0;
     row.watcher_stretch = p.watcher_stretch.load() / 100.0;
+    row.shaped_calls = p.shaped_calls.load();
+    row.shaper_syscalls = p.shaper_syscalls.load();
+    row.shaped_pieces = p.shaped_pieces.load();
     snap.processes.push_back(row);
   }
   for (uint32_t i = 0; i < snap.conn_capacity; ++i) {

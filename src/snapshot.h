@@ -85,6 +85,11 @@ struct ProcSnapshot {
   // until published (equal mode, or the first second).
   double watcher_cpu_pct = 0;
   double watcher_stretch = 0;
+  // The packet shaper in it (shaper.h): the host's calls it cut, the
+  // system calls it made for them, and the pieces they sent.
+  uint64_t shaped_calls = 0;
+  uint64_t shaper_syscalls = 0;
+  uint64_t shaped_pieces = 0;
 };
 
 // The zone's fleet exchange (ClusterShm), as its agent last wrote it.

@@ -1002,6 +1002,9 @@ uint32_t Zone::ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
     p.rules_seen.store(0, std::memory_order_relaxed);
     p.rules_status.store(kReloadNone, std::memory_order_relaxed);
     p.rules_errno.store(0, std::memory_order_relaxed);
+    p.shaped_calls.store(0, std::memory_order_relaxed);
+    p.shaper_syscalls.store(0, std::memory_order_relaxed);
+    p.shaped_pieces.store(0, std::memory_order_relaxed);
     p.state.store(kProcLive, std::memory_order_release);
     if (header_->procs_high_water.load(std::memory_order_relaxed) <= i) {
       header_->procs_high_water.store(i + 1, std::memory_order_release);

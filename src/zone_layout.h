@@ -31,7 +31,7 @@
 namespace trafficrate {
 
 inline constexpr uint64_t kZoneMagic = 0x6574617263667274ULL;  // "trfcrate"
-inline constexpr uint32_t kZoneLayoutVersion = 10;
+inline constexpr uint32_t kZoneLayoutVersion = 11;
 inline constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 inline constexpr size_t kKeyBytes = 20;
 
@@ -209,6 +209,12 @@ struct ProcSlotShm {
   std::atomic<uint16_t> rules_status;
   std::atomic<uint16_t> rules_errno;
   uint32_t reserved;
+  // The packet shaper (shaper.h) in this process, since it started: the
+  // host's calls it cut, the system calls it made for them, and the pieces
+  // they sent.
+  std::atomic<uint64_t> shaped_calls;
+  std::atomic<uint64_t> shaper_syscalls;
+  std::atomic<uint64_t> shaped_pieces;
 };
 
 struct ZoneHeaderShm {
@@ -282,7 +288,7 @@ static_assert(std::is_standard_layout_v<KeySlotShm> &&
 static_assert(std::is_standard_layout_v<ConnSlotShm> &&
               sizeof(ConnSlotShm) == 80);
 static_assert(std::is_standard_layout_v<ProcSlotShm> &&
-              sizeof(ProcSlotShm) == 80);
+              sizeof(ProcSlotShm) == 104);
 static_assert(std::is_standard_layout_v<HandoffSlotShm> &&
               sizeof(HandoffSlotShm) == 32);
 static_assert(std::is_standard_layout_v<RuleSlotShm> &&

@@ -185,8 +185,30 @@ TEST(FormatStatJsonTest, ExactFigures) {
   EXPECT_THAT(out, HasSubstr("],\n \"cluster\": null,\n \"rules\": ["));
   EXPECT_THAT(out, HasSubstr("{\"pid\": 102, \"connections\": 2, "
                              "\"alive\": false, \"watcher_cpu_pct\": 0.00, "
-                             "\"watcher_stretch\": 0.00}"));
+                             "\"watcher_stretch\": 0.00, \"shaped_calls\": 0, "
+                             "\"shaper_syscalls\": 0, \"shaped_pieces\": 0}"));
   EXPECT_THAT(out, HasSubstr("\"peer\": \"127.0.0.2:4000\""));
+}
+
+TEST(FormatStatTest, ShaperCountsInEveryFormat) {
+  ZoneSnapshot s = SampleSnapshot();
+  s.processes[0].shaped_calls = 10;
+  s.processes[0].shaper_syscalls = 12;
+  s.processes[0].shaped_pieces = 300;
+  s.processes[1].shaped_calls = 5;
+  s.processes[1].shaper_syscalls = 5;
+  s.processes[1].shaped_pieces = 20;
+  EXPECT_THAT(FormatStatTable(s, {}),
+              HasSubstr("packet shaper: 15 calls cut into 320 pieces, with 17 "
+                        "system calls\n"));
+  EXPECT_THAT(FormatStatJson(s, {}),
+              HasSubstr("\"shaped_calls\": 10, \"shaper_syscalls\": 12, "
+                        "\"shaped_pieces\": 300}"));
+  const std::string prom = FormatStatPrometheus(s, {});
+  EXPECT_THAT(prom,
+              HasSubstr("# TYPE trafficrate_shaped_pieces_total counter\n"));
+  EXPECT_THAT(prom, HasSubstr("trafficrate_shaper_syscalls_total{zone=\"web\","
+                              "pid=\"102\"} 5\n"));
 }
 
 // Budget mode: each process's watcher CPU and the stretch of its work.
@@ -208,7 +230,7 @@ TEST(FormatStatTest, WatcherCpuAndStretchInEveryFormat) {
   EXPECT_THAT(FormatStatJson(s, {}),
               HasSubstr("{\"pid\": 101, \"connections\": 3, \"alive\": "
                         "true, \"watcher_cpu_pct\": 0.35, "
-                        "\"watcher_stretch\": 4.50}"));
+                        "\"watcher_stretch\": 4.50, "));
   const std::string prom = FormatStatPrometheus(s, {});
   EXPECT_THAT(prom, HasSubstr("trafficrate_watcher_cpu_percent{zone=\"web\","
                               "pid=\"101\"} 0.350\n"));

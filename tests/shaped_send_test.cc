@@ -20,6 +20,9 @@
 namespace trafficrate {
 namespace {
 
+// Counts of every call below (not checked unless a test says so).
+thread_local ShapeCounts counts;
+
 // A connected loopback TCP pair: server (the side that sends) and client.
 struct Pair {
   int server = -1;
@@ -100,8 +103,9 @@ TEST(ShapedSendvTest, BlockingSocketSendsEveryByteInOrderAndCountsIt) {
   ASSERT_TRUE(cursor.Cut());
   size_t counted = 0;
   errno = 4321;
-  const ssize_t sent = ShapedSendv(LibcSendCalls(), p.server, iov, 3, 0, cursor,
-                                   [&](size_t bytes) { counted += bytes; });
+  const ssize_t sent = ShapedSendv(
+      LibcSendCalls(), p.server, iov, 3, 0, cursor,
+      [&](size_t bytes) { counted += bytes; }, &counts);
   EXPECT_EQ(errno, 4321);
   reader.join();
   EXPECT_EQ(sent, static_cast<ssize_t>(a.size() + b.size()));
@@ -121,9 +125,9 @@ TEST(ShapedSendvTest, ManyIovecsSpanBatches) {
   std::string received;
   std::thread reader([&] { received = ReadAll(p.client, data.size()); });
   PieceCursor cursor(SlowShape(), data.size());
-  const ssize_t sent =
-      ShapedSendv(LibcSendCalls(), p.server, iov.data(),
-                  static_cast<int>(iov.size()), 0, cursor, [](size_t) {});
+  const ssize_t sent = ShapedSendv(
+      LibcSendCalls(), p.server, iov.data(), static_cast<int>(iov.size()), 0,
+      cursor, [](size_t) {}, &counts);
   reader.join();
   EXPECT_EQ(sent, static_cast<ssize_t>(data.size()));
   EXPECT_TRUE(received == data);
@@ -138,8 +142,9 @@ TEST(ShapedSendvTest, NonBlockingStopsAtAFullBufferThenEagain) {
   PieceCursor cursor(SlowShape(), data.size());
   size_t counted = 0;
   errno = 77;
-  const ssize_t first = ShapedSendv(LibcSendCalls(), p.server, &one, 1, 0,
-                                    cursor, [&](size_t b) { counted += b; });
+  const ssize_t first = ShapedSendv(
+      LibcSendCalls(), p.server, &one, 1, 0, cursor,
+      [&](size_t b) { counted += b; }, &counts);
   EXPECT_EQ(errno, 77);  // a partial count leaves errno alone
   ASSERT_GT(first, 0);
   EXPECT_LT(first, static_cast<ssize_t>(data.size()));
@@ -148,9 +153,10 @@ TEST(ShapedSendvTest, NonBlockingStopsAtAFullBufferThenEagain) {
   const iovec rest{const_cast<char*>(data.data()) + first,
                    data.size() - static_cast<size_t>(first)};
   PieceCursor again(SlowShape(), rest.iov_len);
-  EXPECT_EQ(
-      ShapedSendv(LibcSendCalls(), p.server, &rest, 1, 0, again, [](size_t) {}),
-      -1);
+  EXPECT_EQ(ShapedSendv(
+                LibcSendCalls(), p.server, &rest, 1, 0, again, [](size_t) {},
+                &counts),
+            -1);
   EXPECT_EQ(errno, EAGAIN);
   // What arrives is exactly what was reported sent.
   fcntl(p.client, F_SETFL, fcntl(p.client, F_GETFL) | O_NONBLOCK);
@@ -184,8 +190,9 @@ TEST(ShapedSendvTest, BrokenConnectionRaisesSigpipeOnlyAsTheKernelWould) {
     ssize_t r = 0;
     for (int i = 0; i < 3; ++i) {
       PieceCursor c = cursor;
-      r = ShapedSendv(LibcSendCalls(), p.server, &one, 1,
-                      nosignal ? MSG_NOSIGNAL : 0, c, [](size_t) {});
+      r = ShapedSendv(
+          LibcSendCalls(), p.server, &one, 1, nosignal ? MSG_NOSIGNAL : 0, c,
+          [](size_t) {}, &counts);
       if (r < 0 && errno == EPIPE) break;
     }
     EXPECT_EQ(r, -1);
@@ -242,7 +249,7 @@ TEST(ShapedSendfileTest, WithAnOffsetPointerTheFilePositionStays) {
   size_t counted = 0;
   ASSERT_TRUE(ShapedSendfile(
       LibcSendCalls(), buffers.get(), p.server, file.fd(), &offset, want,
-      cursor, [&](size_t b) { counted += b; }, &result));
+      cursor, [&](size_t b) { counted += b; }, &counts, &result));
   reader.join();
   EXPECT_EQ(result, static_cast<ssize_t>(want));
   EXPECT_EQ(counted, want);
@@ -264,7 +271,7 @@ TEST(ShapedSendfileTest, WithoutOneTheFilePositionMovesBySentBytesOnly) {
   ssize_t result = 0;
   ASSERT_TRUE(ShapedSendfile(
       LibcSendCalls(), buffers.get(), p.server, file.fd(), nullptr,
-      content.size(), cursor, [](size_t) {}, &result));
+      content.size(), cursor, [](size_t) {}, &counts, &result));
   ASSERT_GT(result, 0);
   ASSERT_LT(result, static_cast<ssize_t>(content.size()) - 5);
   EXPECT_EQ(lseek(file.fd(), 0, SEEK_CUR), 5 + result);
@@ -280,7 +287,7 @@ TEST(ShapedSendfileTest, WithoutOneTheFilePositionMovesBySentBytesOnly) {
     ssize_t r = 0;
     ASSERT_TRUE(ShapedSendfile(
         LibcSendCalls(), buffers.get(), p.server, file.fd(), nullptr,
-        content.size(), more, [](size_t) {}, &r));
+        content.size(), more, [](size_t) {}, &counts, &r));
     if (r > 0) total += static_cast<size_t>(r);
     if (r < 0) EXPECT_EQ(errno, EAGAIN);
   }
@@ -300,7 +307,7 @@ TEST(ShapedSendfileTest, APipeIsLeftToTheKernelUntouched) {
   errno = 55;
   EXPECT_FALSE(ShapedSendfile(
       LibcSendCalls(), buffers.get(), p.server, pipefd[0], nullptr, 6, cursor,
-      [](size_t) {}, &result));
+      [](size_t) {}, &counts, &result));
   EXPECT_EQ(errno, 55);
   char buf[8];
   EXPECT_EQ(read(pipefd[0], buf, sizeof(buf)), 6);  // nothing consumed

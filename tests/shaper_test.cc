@@ -160,6 +160,16 @@ TEST(PieceCursorTest, MaxLimitsAPieceAndCopiesReplay) {
   EXPECT_EQ(cursor.Next(0), 0u);
 }
 
+TEST(FirstPiecesPayTest, OnlyWhereTheRateDoesNotAllowTheUnpacedStart) {
+  // Loopback and LAN: a round trip of tens of microseconds.
+  EXPECT_TRUE(FirstPiecesPay(5'000'000, 1448, 50));
+  EXPECT_TRUE(FirstPiecesPay(66'000, 65483, 20));
+  // 40 ms: 10 segments of 1448 B are the rate's at 362 KB/s and above.
+  EXPECT_TRUE(FirstPiecesPay(300'000, 1448, 40'000));
+  EXPECT_FALSE(FirstPiecesPay(400'000, 1448, 40'000));
+  EXPECT_FALSE(FirstPiecesPay(100'000'000, 1448, 1'000));
+}
+
 TEST(SegmentsOfTest, CountsSegmentsUpToTheFirstPieces) {
   EXPECT_EQ(SegmentsOf(0, 1448), 0u);
   EXPECT_EQ(SegmentsOf(1, 1448), 1u);

@@ -15,7 +15,7 @@ namespace trafficrate {
 namespace {
 
 TEST(ZoneLayoutTest, VersionAndConstantsArePinned) {
-  EXPECT_EQ(kZoneLayoutVersion, 10u);
+  EXPECT_EQ(kZoneLayoutVersion, 11u);
   EXPECT_EQ(kMinHandoffSlots, 32u);
   EXPECT_EQ(kClusterTextBytes, 96u);
   EXPECT_EQ(kZoneRules, 16u);
@@ -172,7 +172,7 @@ TEST(ZoneLayoutTest, ConnSlotShmFieldsArePinned) {
 }
 
 TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
-  EXPECT_EQ(sizeof(ProcSlotShm), 80u);
+  EXPECT_EQ(sizeof(ProcSlotShm), 104u);
   EXPECT_EQ(alignof(ProcSlotShm), 8u);
   EXPECT_EQ(offsetof(ProcSlotShm, liveness), 0u);
   EXPECT_EQ(offsetof(ProcSlotShm, state), 40u);
@@ -186,6 +186,9 @@ TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ProcSlotShm, rules_status), 72u);
   EXPECT_EQ(offsetof(ProcSlotShm, rules_errno), 74u);
   EXPECT_EQ(offsetof(ProcSlotShm, reserved), 76u);
+  EXPECT_EQ(offsetof(ProcSlotShm, shaped_calls), 80u);
+  EXPECT_EQ(offsetof(ProcSlotShm, shaper_syscalls), 88u);
+  EXPECT_EQ(offsetof(ProcSlotShm, shaped_pieces), 96u);
   EXPECT_EQ(kReloadNone, 0u);
   EXPECT_EQ(kReloadOk, 1u);
   EXPECT_EQ(kReloadNoFile, 2u);
@@ -348,6 +351,11 @@ uint64_t LayoutFingerprint() {
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_seen);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_status);
   TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, rules_errno);
+  if (kZoneLayoutVersion >= 11) {
+    TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, shaped_calls);
+    TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, shaper_syscalls);
+    TRAFFICRATE_ADD_FIELD(fp, ProcSlotShm, shaped_pieces);
+  }
   return fp.value();
 }
 
@@ -372,6 +380,7 @@ TEST(ZoneLayoutTest, FingerprintBelongsToTheLayoutVersion) {
       {9, 0xcbeea5b6051cc8dbULL},  // header cluster, key cluster share (fleet)
       {10,
        0xd5e7103c786eca9eULL},  // zone files, handoffs sized, reload answers
+      {11, 0x45bbd71baf536b46ULL},  // process shaper counters
   };
   const uint64_t fingerprint = LayoutFingerprint();
   bool found = false;
@@ -456,10 +465,10 @@ TEST(ZoneLayoutTest, GeometryIsAPureFunctionOfTheSize) {
 // The default TRAFFICRATE_ZONE_SIZE (1m): the README states these numbers.
 TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(1 << 20);
-  EXPECT_EQ(g.key_capacity, 3738u);
-  EXPECT_EQ(g.conn_capacity, 3738u);
-  EXPECT_EQ(g.proc_capacity, 934u);
-  EXPECT_EQ(g.handoff_capacity, 467u);
+  EXPECT_EQ(g.key_capacity, 3660u);
+  EXPECT_EQ(g.conn_capacity, 3660u);
+  EXPECT_EQ(g.proc_capacity, 915u);
+  EXPECT_EQ(g.handoff_capacity, 457u);
   EXPECT_EQ(g.bucket_count, 4096u);
   EXPECT_EQ(g.buckets_offset, 1728u);
   EXPECT_EQ(g.keys_offset, 18112u);
@@ -467,9 +476,9 @@ TEST(ZoneLayoutTest, OneMegabyteZoneHoldsStatedCapacities) {
 
 TEST(ZoneLayoutTest, SmallestZoneHoldsStatedCapacities) {
   const ZoneGeometry g = ComputeZoneGeometry(kMinZoneSize);
-  EXPECT_EQ(g.key_capacity, 227u);
-  EXPECT_EQ(g.conn_capacity, 227u);
-  EXPECT_EQ(g.proc_capacity, 56u);
+  EXPECT_EQ(g.key_capacity, 223u);
+  EXPECT_EQ(g.conn_capacity, 223u);
+  EXPECT_EQ(g.proc_capacity, 55u);
   EXPECT_EQ(g.handoff_capacity, kMinHandoffSlots);
   EXPECT_EQ(g.bucket_count, 256u);
 }

@@ -255,7 +255,8 @@ void AppendSingleRule(const Config& config, std::string* out) {
                             config.after_bytes));
 }
 
-// What holds for every rule: share mode, burst, log, inherited, strict.
+// What holds for every rule: share mode, burst, log, inherited, shape,
+// strict.
 void AppendSharedSettings(const Config& config, std::string* out) {
   absl::StrAppendFormat(
       out, "  share   %s\n",
@@ -283,6 +284,13 @@ void AppendSharedSettings(const Config& config, std::string* out) {
             "Accept=yes) are governed"
           : "connections inherited at start-up are left alone "
             "(TRAFFICRATE_INHERITED=0)");
+  absl::StrAppendFormat(
+      out, "  shape   %s\n",
+      config.shape
+          ? "on: connections paced below 2.5 MB/s send small MSG_EOR pieces, "
+            "and every connection's first bytes go as 100-byte pieces"
+          : "off: every send goes to the kernel as the server made it "
+            "(TRAFFICRATE_SHAPE=0)");
   absl::StrAppendFormat(
       out, "  strict  %s\n",
       config.strict ? "yes: a bad configuration stops the server at start-up"

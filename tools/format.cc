@@ -159,6 +159,16 @@ std::string FormatStatTable(const ZoneSnapshot& s, const StatOptions& options) {
                         s.procs_reaped, s.conns_reaped, s.table_full,
                         s.lock_repairs, s.lock_timeouts);
   if (s.has_cluster) out += ClusterLine(s.cluster);
+  uint64_t shaped_calls = 0, shaper_syscalls = 0, shaped_pieces = 0;
+  for (const ProcSnapshot& p : s.processes) {
+    shaped_calls += p.shaped_calls;
+    shaper_syscalls += p.shaper_syscalls;
+    shaped_pieces += p.shaped_pieces;
+  }
+  absl::StrAppendFormat(
+      &out,
+      "packet shaper: %u calls cut into %u pieces, with %u system calls\n",
+      shaped_calls, shaped_pieces, shaper_syscalls);
   if (s.share_mode == ShareMode::kBudget) {
     double cpu = 0, stretch = 0;
     for (const ProcSnapshot& p : s.processes) {
@@ -302,9 +312,12 @@ std::string FormatStatJson(const ZoneSnapshot& s, const StatOptions& options) {
     absl::StrAppendFormat(
         &out,
         "%s\n  {\"pid\": %d, \"connections\": %u, \"alive\": %s, "
-        "\"watcher_cpu_pct\": %.2f, \"watcher_stretch\": %.2f}",
+        "\"watcher_cpu_pct\": %.2f, \"watcher_stretch\": %.2f, "
+        "\"shaped_calls\": %u, \"shaper_syscalls\": %u, "
+        "\"shaped_pieces\": %u}",
         sep, p.pid, p.connections, p.alive ? "true" : "false",
-        p.watcher_cpu_pct, p.watcher_stretch);
+        p.watcher_cpu_pct, p.watcher_stretch, p.shaped_calls, p.shaper_syscalls,
+        p.shaped_pieces);
     sep = ",";
   }
   absl::StrAppend(&out, "],\n \"connections\": [");
@@ -424,6 +437,21 @@ std::string FormatStatPrometheus(const ZoneSnapshot& s,
                             zone, p.pid, PrometheusValue(value_of(p)));
     }
   };
+  proc_metric({"trafficrate_shaped_calls_total", "counter",
+               "The server's send calls the packet shaper cut into pieces."},
+              [](const ProcSnapshot& p) {
+                return static_cast<double>(p.shaped_calls);
+              });
+  proc_metric({"trafficrate_shaper_syscalls_total", "counter",
+               "System calls the packet shaper made for them."},
+              [](const ProcSnapshot& p) {
+                return static_cast<double>(p.shaper_syscalls);
+              });
+  proc_metric({"trafficrate_shaped_pieces_total", "counter",
+               "MSG_EOR pieces (each at most one packet) they sent."},
+              [](const ProcSnapshot& p) {
+                return static_cast<double>(p.shaped_pieces);
+              });
   if (s.share_mode == ShareMode::kBudget) {
     proc_metric({"trafficrate_watcher_cpu_percent", "gauge",
                  "CPU the process's watcher thread used in the last second, "
