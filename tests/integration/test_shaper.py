@@ -131,6 +131,7 @@ class Run:
     def nginx(self, zone, rate, share=None, shape=None, **kw):
         server = self.factory.nginx(env=self.env(zone, rate, share, shape), workers=2,
                                     **kw)
+        server.zone = zone
         assert len(server.worker_pids()) == 2, server.describe()
         assert server.trafficrate_lines() == [], server.describe()
         return server
@@ -154,6 +155,22 @@ class Run:
         for zone in self.zones:
             harness.remove_zone(zone)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+SHAPER_COUNTERS = ("shaped_calls", "shaped_pieces", "shaper_syscalls")
+
+
+def shaper_counts(zone):
+    """The packet shaper's counters in `trafficrate stat --json`, summed over
+    the zone's processes: the host's calls it cut, the MSG_EOR pieces they
+    went out as, the system calls it made. Read while the server runs."""
+    procs = harness.stat_json(zone)["processes"]
+    return {k: sum(p.get(k, 0) for p in procs) for k in SHAPER_COUNTERS}
+
+
+def shaped(counts):
+    """The shaper cut calls into several pieces each."""
+    return counts["shaped_pieces"] > counts["shaped_calls"] > 0
 
 
 def sleep_until(t):
@@ -218,6 +235,8 @@ def big_mtu(test_namespace, webroot):
             r["base"] = min(d.connected_at for d in r["dset"].downloads)
         sleep_until(max(r["base"] for r in results.values()) + BIG_MTU_SECONDS + 0.1)
         run.stop()
+        for r in results.values():
+            r["shaper"] = shaper_counts(r["server"].zone)
         tso = harness.sysctl("net.ipv4.tcp_tso_rtt_log")
         for r in results.values():
             dset, base = r["dset"], r["base"]
@@ -231,11 +250,11 @@ def big_mtu(test_namespace, webroot):
                 worst=max(row[2] for row in rows) / BIG_MTU_TARGET,
                 report="%s, TRAFFICRATE_SHAPE %s, lo MTU %d, tcp_tso_rtt_log %s, "
                        "client %s: 3 downloads, %d s from the first connect\n%s\n"
-                       "client total %s\n%s\n%s" % (
+                       "client total %s\nshaper: %s\n%s\n%s" % (
                            r["server"].title, r["shape"] or "unset (on)", BIG_MTU,
                            tso, r["client"], BIG_MTU_SECONDS,
                            bucket_text(rows, base, BIG_MTU_TARGET),
-                           ratio_text(total, BIG_MTU_TARGET), summary,
+                           ratio_text(total, BIG_MTU_TARGET), r["shaper"], summary,
                            "\n".join(dset.errors())))
     finally:
         run.close()
@@ -254,6 +273,7 @@ def big_mtu_report(r):
 def test_default_mtu_loopback_holds_the_rate_from_the_first_second(big_mtu):
     r = big_mtu["shaped"]
     report = big_mtu_report(r)
+    assert shaped(r["shaper"]), report
     ratio = r["total"] / BIG_MTU_TARGET
     assert BIG_MTU_TOTAL_MIN <= ratio <= BIG_MTU_TOTAL_MAX, report
     assert r["worst"] <= BIG_MTU_SECOND_MAX, "a second at %.4f x\n%s" % (
@@ -265,6 +285,7 @@ def test_default_mtu_loopback_without_the_shaper_bursts_in_the_first_second(big_
     shaper removes (so the test above cannot pass for want of a burst)."""
     r = big_mtu["unshaped"]
     report = big_mtu_report(r)
+    assert r["shaper"]["shaped_calls"] == 0, report
     assert r["first"] >= BIG_MTU_UNSHAPED_FIRST_MIN, report
 
 
@@ -430,6 +451,7 @@ def rates(test_namespace, webroot):
         sleep_until(t_end + 0.1)
         run.stop()
         for s in scenarios.values():
+            s["shaper"] = shaper_counts(s["server"].zone)
             s["found"], s["summary"] = harness.body_problems(
                 s["dset"].downloads + ([s["shorts"]] if "shorts" in s else []))
         for name in MANY_VARIANTS:
@@ -445,7 +467,7 @@ def rates(test_namespace, webroot):
 
 def rate_report(s):
     """The scenario's report, printed; its bodies and clients checked."""
-    report = "%s\n%s" % (s["report"], s["summary"])
+    report = "%s\nshaper: %s\n%s" % (s["report"], s["shaper"], s["summary"])
     print("\n" + report)
     assert not s["dset"].errors(), report
     assert not s["found"], "\n".join(s["found"]) + "\n" + report
@@ -463,6 +485,7 @@ def budget_target_applies(s):
 def test_64_connections_every_second_holds_the_rate(rates):
     s = rates["many"]
     report = rate_report(s)
+    assert shaped(s["shaper"]), report
     assert len(s["rows"]) == int(WINDOW_S), report
     assert harness.within(s["total"], TARGET, MANY_TOTAL_TOLERANCE), report
     assert not s["bad"], "seconds off by more than %d%%: %s\n%s" % (
@@ -475,6 +498,7 @@ def test_64_connections_without_the_shaper_swing(rates):
     0.44-1.66), so the test above cannot pass for want of a swing."""
     s = rates["many-unshaped"]
     report = rate_report(s)
+    assert s["shaper"]["shaped_calls"] == 0, report
     assert len(s["rows"]) == int(WINDOW_S), report
     assert s["bad"], report
 
@@ -572,7 +596,8 @@ BYTE_CASES = byte_cases()
 @pytest.fixture(scope="module")
 def byte_runs(test_namespace, webroot):
     """Every byte case at once: two send_paths_server.py processes (200k and
-    8m), two nginx (sendfile on, 200k and 8m). Returns {case id: dict}."""
+    8m), two nginx (sendfile on, 200k and 8m). Returns {"cases": {case id:
+    dict}, "shaper": {(level, "py" or "nginx"): shaper_counts()}}."""
     run = Run(webroot, "bytes")
     root = run.workdir / "shape"
     root.mkdir(mode=0o755)
@@ -580,12 +605,13 @@ def byte_runs(test_namespace, webroot):
     (root / SHAPE_FILE).chmod(0o644)
     for way in WAYS + NB_WAYS:
         harness.register_content("/%s/%s" % (way, SHAPE_FILE), SHAPE_CONTENT)
-    results = {}
+    results, counts = {}, {}
     try:
         servers = {}
         for level, rate in BYTE_RATES.items():
-            py = SendPathsServer(run.workdir, root, env=run.env(run.zone("py-" + level),
-                                                                rate))
+            zone = run.zone("py-" + level)
+            py = SendPathsServer(run.workdir, root, env=run.env(zone, rate))
+            py.zone = zone
             run.factory.servers.append(py)  # stopped with the others
             servers[level, "py"] = py.start()
             servers[level, "nginx"] = run.nginx(run.zone("nginx-" + level), rate,
@@ -627,9 +653,11 @@ def byte_runs(test_namespace, webroot):
             r["conn"] = (r["server"].conn_reports().get((r["client"], d.local_port))
                          if r["way"] != "nginx" else None)
             r["output"] = r["server"].output()[-3000:]
+        for key, server in servers.items():
+            counts[key] = shaper_counts(server.zone)
     finally:
         run.close()
-    return results
+    return {"cases": results, "shaper": counts}
 
 
 def byte_report(r):
@@ -674,7 +702,7 @@ def test_blocking_ways_and_nginx_sendfile_deliver_every_byte(byte_runs, case):
     """Blocking sockets: every call returns all it was asked (no signal is
     sent), sendfile keeps the file position (with an offset) or moves it by
     exactly what it returned (offset None); nginx, sendfile on."""
-    r = byte_runs[case]
+    r = byte_runs["cases"][case]
     report = check_bytes(r)
     if r["conn"] is not None:
         assert r["conn"]["partial"] == 0 and r["conn"]["eagain"] == 0, report
@@ -686,7 +714,7 @@ def test_non_blocking_partial_writes_and_eagain(byte_runs, case):
     """Non-blocking sockets with a 4 KiB SO_SNDBUF: partial counts and EAGAIN
     (nothing else, never a count <= 0), the rest sent after a selector wait;
     at the low rate EAGAIN many times on every connection."""
-    r = byte_runs[case]
+    r = byte_runs["cases"][case]
     report = check_bytes(r)
     if r["level"] == "low":
         assert r["conn"]["eagain"] >= MIN_EAGAIN, report
@@ -697,7 +725,18 @@ def test_non_blocking_partial_writes_and_eagain(byte_runs, case):
 def test_splice_from_a_pipe_into_a_full_socket(byte_runs, case):
     """splice from a pipe (a thread fills it with the file) into a socket that
     fills: no pipe byte may be consumed that the socket did not take."""
-    r = byte_runs[case]
+    r = byte_runs["cases"][case]
     report = check_bytes(r)
     if r["level"] == "low" and r["way"].endswith("-nb"):
         assert r["conn"]["eagain"] >= MIN_EAGAIN, report
+
+
+@pytest.mark.parametrize("server", ["py", "nginx"])
+def test_the_low_rate_byte_cases_went_through_the_shaper(byte_runs, server):
+    """At 200k the shaper cut the servers' sends (its counters in stat), so
+    the cases above checked the shaped paths; at 8m its counters are shown."""
+    counts = byte_runs["shaper"]
+    report = "%s server, shaper at %s: %s; at %s: %s" % (
+        server, LOW_RATE, counts["low", server], HIGH_RATE, counts["high", server])
+    print("\n" + report)
+    assert shaped(counts["low", server]), report
