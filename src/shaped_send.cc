@@ -205,11 +205,16 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
   size_t total = 0;
   int send_errno = 0;
   bool failed = false;
+  // The first read is one batch of the smallest pieces (a socket with
+  // little room, the usual case of a non-blocking server woken by
+  // EPOLLOUT, costs no large read for nothing); each next one doubles, up
+  // to the buffer.
+  size_t chunk = size_t{kBatchPieces} * kMinPieceBytes;
   // Bounded: each pass sends at least one byte or ends the call.
   for (bool first = true; total < count; first = false) {
-    const size_t want = count - total < CopyBuffers::kBytes
-                            ? count - total
-                            : CopyBuffers::kBytes;
+    size_t want = count - total < chunk ? count - total : chunk;
+    if (want > CopyBuffers::kBytes) want = CopyBuffers::kBytes;
+    chunk *= 2;
     const ssize_t n =
         calls.pread(in_fd, buf, want, start + static_cast<off_t>(total));
     ++counts->syscalls;
