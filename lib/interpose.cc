@@ -17,6 +17,7 @@
 
 #include <climits>
 #include <cstdarg>
+#include <type_traits>
 
 #include "lib/preload.h"
 #include "lib/real.h"
@@ -80,10 +81,15 @@ ssize_t RealSendmsg(int fd, const msghdr* msg, int flags) {
                         : syscall(SYS_sendmsg, fd, msg, flags);
 }
 
+ssize_t RealSendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
+  return g_real.sendfile ? g_real.sendfile(out_fd, in_fd, offset, count)
+                         : syscall(SYS_sendfile, out_fd, in_fd, offset, count);
+}
+
 // The shaper's calls: libc's, never ours (pread and lseek are not
 // interposed).
 constexpr SendCalls kRealSendCalls = {&RealSendmmsg, &RealSendmsg, &::pread,
-                                      &::lseek};
+                                      &::lseek, &RealSendfile};
 
 // A send on fd that the packet shaper (shaper.h) may cut into pieces: made
 // whole by plain(), or cut by shaped(gov, cursor, count) (shaped_send.h),
@@ -94,7 +100,16 @@ template <typename Total, typename Plain, typename Shaped>
 inline ssize_t ShapeOrSend(int fd, bool may_cut, Total total, Plain plain,
                            Shaped shaped) {
   Governor* gov = ActiveGovernor();
-  if (gov == nullptr) return plain();
+  // plain(shape, counter), where it takes them, counts as it goes.
+  constexpr bool kCounts =
+      std::is_invocable_v<Plain, const Shape&, SentCounter>;
+  if (gov == nullptr) {
+    if constexpr (kCounts) {
+      return plain(Shape(), SentCounter([](size_t) {}));
+    } else {
+      return plain();
+    }
+  }
   Shape shape;
   AsLibrary(gov, [&](Governor& g) { shape = g.BeforeSend(fd); });
   const uint32_t first_left = shape.first_left;
@@ -103,19 +118,24 @@ inline ssize_t ShapeOrSend(int fd, bool may_cut, Total total, Plain plain,
     shape.first_left = 0;
   }
   PieceCursor cursor(shape, shape.Active() ? total() : 0);
+  const auto count = [gov, fd](size_t bytes) {
+    gov->AfterSend(fd, static_cast<ssize_t>(bytes));
+  };
   if (!cursor.Cut()) {
-    const ssize_t sent = plain();
+    ssize_t sent = 0;
+    if constexpr (kCounts) {
+      sent = plain(shape, SentCounter(count));
+    } else {
+      sent = plain();
+    }
     AsLibrary(gov, [&](Governor& g) {
-      g.AfterSend(fd, sent);
+      if (!kCounts) g.AfterSend(fd, sent);
       if (sent > 0 && first_left != 0) {
         g.UsedFirstPieces(fd, SegmentsOf(static_cast<size_t>(sent), shape.mss));
       }
     });
     return sent;
   }
-  const auto count = [gov, fd](size_t bytes) {
-    gov->AfterSend(fd, static_cast<ssize_t>(bytes));
-  };
   ShapeCounts counts;
   const ssize_t sent = shaped(*gov, cursor, SentCounter(count), &counts);
   AsLibrary(gov, [&](Governor& g) {
@@ -143,8 +163,20 @@ ssize_t Sendfile(int out_fd, int in_fd, Offset* offset, size_t count,
                  Plain plain) {
   static_assert(sizeof(Offset) == sizeof(off_t));
   const size_t capped = count < kMaxSendfile ? count : kMaxSendfile;
+  // Not cut: whole, but a long one in chunks counted as they go.
+  const auto whole = [&](const Shape& shape, SentCounter counted) -> ssize_t {
+    const size_t chunk = ChunkBytes(shape.level);
+    if (chunk == 0 || capped <= chunk) {
+      const ssize_t sent = plain();
+      if (sent > 0) counted(static_cast<size_t>(sent));
+      return sent;
+    }
+    return ChunkedSendfile(&RealSendfile, out_fd, in_fd,
+                           reinterpret_cast<off_t*>(offset), capped, chunk,
+                           counted);
+  };
   return ShapeOrSend(
-      out_fd, count != 0, [capped] { return capped; }, plain,
+      out_fd, count != 0, [capped] { return capped; }, whole,
       [&](Governor& g, PieceCursor& cursor, SentCounter counted,
           ShapeCounts* counts) -> ssize_t {
         ssize_t result = 0;
@@ -154,9 +186,7 @@ ssize_t Sendfile(int out_fd, int in_fd, Offset* offset, size_t count,
           return result;
         }
         // No copy possible: the kernel's sendfile, whole.
-        result = plain();
-        if (result > 0) counted(static_cast<size_t>(result));
-        return result;
+        return whole(Shape{.level = 0}, counted);
       });
 }
 

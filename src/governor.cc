@@ -504,6 +504,7 @@ Shape Governor::BeforeSend(int fd) {
   shape.piece = local.piece.load(std::memory_order_relaxed);
   shape.first_left = local.first_left.load(std::memory_order_relaxed);
   shape.mss = local.mss.load(std::memory_order_relaxed);
+  shape.level = conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   if (!conn.active.load(std::memory_order_relaxed)) {
     // Not paced yet (TRAFFICRATE_AFTER): its first bytes leave unpaced.
     shape.piece = 0;

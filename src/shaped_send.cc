@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <unistd.h>
 
 namespace trafficrate {
@@ -131,7 +132,7 @@ ssize_t SendPieces(const SendCalls& calls, int fd, const iovec* iov, int iovcnt,
 }  // namespace
 
 SendCalls LibcSendCalls() {
-  return SendCalls{&::sendmmsg, &::sendmsg, &::pread, &::lseek};
+  return SendCalls{&::sendmmsg, &::sendmsg, &::pread, &::lseek, &::sendfile};
 }
 
 bool FlagsAllowCut(int flags) {
@@ -181,6 +182,29 @@ void CopyBuffers::Give(int index) {
   busy_.fetch_and(~(1u << index), std::memory_order_release);
 }
 
+ssize_t ChunkedSendfile(ssize_t (*real)(int, int, off_t*, size_t), int out_fd,
+                        int in_fd, off_t* offset, size_t count, size_t chunk,
+                        SentCounter count_sent) {
+  const int saved_errno = errno;
+  if (chunk == 0) chunk = count;
+  size_t total = 0;
+  // Bounded: each pass sends at least one byte or ends the call.
+  while (total < count) {
+    const size_t want = count - total < chunk ? count - total : chunk;
+    const ssize_t n = real(out_fd, in_fd, offset, want);
+    if (n < 0) {
+      if (total == 0) return -1;
+      break;
+    }
+    if (n == 0) break;  // end of file
+    total += static_cast<size_t>(n);
+    count_sent(static_cast<size_t>(n));
+    if (static_cast<size_t>(n) < want) break;
+  }
+  errno = saved_errno;
+  return static_cast<ssize_t>(total);
+}
+
 bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
                     int in_fd, off_t* offset, size_t count, PieceCursor& cursor,
                     SentCounter count_sent, ShapeCounts* counts,
@@ -210,11 +234,17 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
   // EPOLLOUT, costs no large read for nothing); each next one doubles, up
   // to the buffer.
   size_t chunk = size_t{kBatchPieces} * kMinPieceBytes;
+  // A connection whose level the kernel's packets hold only has its first
+  // pieces copied; the rest goes by the kernel's sendfile (below).
+  const size_t copied = cursor.FirstOnly() && cursor.FirstBytesLeft() < count
+                            ? cursor.FirstBytesLeft()
+                            : count;
+  bool stopped = false;
   // Bounded: each pass sends at least one byte or ends the call.
-  for (bool first = true; total < count; first = false) {
-    size_t want = count - total < chunk ? count - total : chunk;
+  for (bool first = true; total < copied; first = false) {
+    size_t want = copied - total < chunk ? copied - total : chunk;
     if (want > CopyBuffers::kBytes) want = CopyBuffers::kBytes;
-    chunk *= 2;
+    if (chunk < CopyBuffers::kBytes) chunk *= 2;
     const ssize_t n =
         calls.pread(in_fd, buf, want, start + static_cast<off_t>(total));
     ++counts->syscalls;
@@ -227,7 +257,6 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
     }
     if (n <= 0) break;  // end of file, or a read error after some bytes
     const iovec chunk{buf, static_cast<size_t>(n)};
-    bool stopped = false;
     const ssize_t sent = SendPieces(calls, out_fd, &chunk, 1, 0, cursor,
                                     count_sent, total, counts, &stopped);
     if (sent < 0) {
@@ -237,6 +266,15 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
     }
     total += static_cast<size_t>(sent);
     if (stopped) break;
+  }
+  if (!stopped && !failed && total == copied && copied < count) {
+    // The rest, zero-copy, in calls counted as they go.
+    off_t at = start + static_cast<off_t>(total);
+    const ssize_t rest =
+        ChunkedSendfile(calls.sendfile, out_fd, in_fd, &at, count - total,
+                        ChunkBytes(cursor.shape().level), count_sent);
+    ++counts->syscalls;
+    if (rest > 0) total += static_cast<size_t>(rest);
   }
   if (total > 0) {
     const off_t end = start + static_cast<off_t>(total);

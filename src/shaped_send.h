@@ -50,6 +50,7 @@ struct SendCalls {
   ssize_t (*sendmsg)(int, const msghdr*, int);
   ssize_t (*pread)(int, void*, size_t, off_t);
   off_t (*lseek)(int, off_t, int);
+  ssize_t (*sendfile)(int, int, off_t*, size_t);
 };
 // libc's.
 SendCalls LibcSendCalls();
@@ -115,6 +116,15 @@ bool ShapedSendfile(const SendCalls& calls, CopyBuffers* buffers, int out_fd,
                     int in_fd, off_t* offset, size_t count, PieceCursor& cursor,
                     SentCounter count_sent, ShapeCounts* counts,
                     ssize_t* result);
+
+// sendfile(out_fd, in_fd, offset, count) whole, as the kernel makes it, but
+// in calls of at most `chunk` bytes, each counted as it returns: what the
+// host sees is what one call would have given it (the total, stopping at
+// the first short call; -1 and errno only if the first call failed; the
+// kernel moves the offset).
+ssize_t ChunkedSendfile(ssize_t (*real)(int, int, off_t*, size_t), int out_fd,
+                        int in_fd, off_t* offset, size_t count, size_t chunk,
+                        SentCounter count_sent);
 
 // The most one sendfile call transfers (the kernel's MAX_RW_COUNT).
 inline constexpr size_t kMaxSendfile = 0x7ffff000;

@@ -69,9 +69,21 @@ struct Shape {
   // MSS unless the call itself is (Nagle could hold such a tail for a round
   // trip; the kernel never holds a full segment).
   uint32_t mss = 0;
+  // The pacing applied to the connection (0: not paced).
+  uint64_t level = 0;
 
   bool Active() const { return piece != 0 || first_left != 0; }
 };
+
+// The most one kernel call should carry for a connection paced at `level`
+// that is not cut into pieces, so that a long blocking call (a whole file's
+// sendfile) is counted as it goes rather than when it returns: a quarter
+// of a second at the level, at least 256 KiB; 0 (no limit) when not paced.
+inline size_t ChunkBytes(uint64_t level) {
+  if (level == 0 || level == ~uint64_t{0}) return 0;
+  const uint64_t quarter = level / 4;
+  return quarter < (256u << 10) ? (256u << 10) : static_cast<size_t>(quarter);
+}
 
 // A connection's place among kVarySteps piece sizes, from its zone slot:
 // neighbouring slots (the connections of one client, usually) land far
@@ -106,6 +118,15 @@ class PieceCursor {
   // one call, as the host made it (an unshaped level, with no first pieces
   // or first pieces that would leave a tail under one MSS).
   bool Cut() const { return cut_; }
+  // Whether only the call's first pieces are cut (its level is left to the
+  // kernel's packets): after them, the rest is one piece, which a sendfile
+  // leaves to the kernel's own (zero-copy) call.
+  bool FirstOnly() const { return cut_ && shape_.piece == 0; }
+  // The bytes of the first pieces still to be given.
+  size_t FirstBytesLeft() const {
+    return size_t{shape_.first_left - first_used_} * kFirstPieceBytes;
+  }
+  const Shape& shape() const { return shape_; }
 
  private:
   Shape shape_;

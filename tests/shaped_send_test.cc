@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -289,10 +290,70 @@ TEST(ShapedSendfileTest, WithoutOneTheFilePositionMovesBySentBytesOnly) {
         LibcSendCalls(), buffers.get(), p.server, file.fd(), nullptr,
         content.size(), more, [](size_t) {}, &counts, &r));
     if (r > 0) total += static_cast<size_t>(r);
-    if (r < 0) EXPECT_EQ(errno, EAGAIN);
+    if (r < 0) {
+      EXPECT_EQ(errno, EAGAIN);
+    }
   }
   EXPECT_EQ(total, content.size() - 5);
   EXPECT_TRUE(got == content.substr(5));
+}
+
+TEST(ShapedSendfileTest, AFileOfManyBuffersIsSentWhole) {
+  // More reads than a doubling size_t has bits: the read size stops at the
+  // buffer's.
+  const std::string content = Pattern(12 << 20, 10);
+  TempFile file(content);
+  std::unique_ptr<CopyBuffers> buffers(CopyBuffers::Create());
+  Pair p;
+  MakePair(&p);
+  std::string received;
+  std::thread reader([&] { received = ReadAll(p.client, content.size()); });
+  off_t offset = 0;
+  Shape fast = SlowShape();
+  fast.piece = 60000;
+  PieceCursor cursor(fast, content.size());
+  ssize_t result = 0;
+  ASSERT_TRUE(ShapedSendfile(
+      LibcSendCalls(), buffers.get(), p.server, file.fd(), &offset,
+      content.size(), cursor, [](size_t) {}, &counts, &result));
+  reader.join();
+  EXPECT_EQ(result, static_cast<ssize_t>(content.size()));
+  EXPECT_EQ(offset, static_cast<off_t>(content.size()));
+  EXPECT_TRUE(received == content);
+}
+
+TEST(ShapedSendfileTest, FirstPiecesOnlyThenTheKernelsSendfile) {
+  // A fast connection's first pieces are copied; the rest is the kernel's
+  // zero-copy sendfile, counted in chunks.
+  const std::string content = Pattern(3 << 20, 11);
+  TempFile file(content);
+  std::unique_ptr<CopyBuffers> buffers(CopyBuffers::Create());
+  Pair p;
+  MakePair(&p);
+  std::string received;
+  std::thread reader([&] { received = ReadAll(p.client, content.size()); });
+  lseek(file.fd(), 0, SEEK_SET);
+  Shape shape;
+  shape.mss = 1448;
+  shape.first_left = kFirstPieces;
+  shape.level = 4'000'000;  // chunks of 1 MB
+  PieceCursor cursor(shape, content.size());
+  ASSERT_TRUE(cursor.FirstOnly());
+  ShapeCounts local;
+  std::vector<size_t> counted;
+  ssize_t result = 0;
+  ASSERT_TRUE(ShapedSendfile(
+      LibcSendCalls(), buffers.get(), p.server, file.fd(), nullptr,
+      content.size(), cursor, [&](size_t b) { counted.push_back(b); }, &local,
+      &result));
+  reader.join();
+  EXPECT_EQ(result, static_cast<ssize_t>(content.size()));
+  EXPECT_EQ(lseek(file.fd(), 0, SEEK_CUR), static_cast<off_t>(content.size()));
+  EXPECT_EQ(cursor.first_used(), kFirstPieces);
+  EXPECT_EQ(local.pieces, kFirstPieces);
+  ASSERT_GE(counted.size(), 4u);  // the first pieces' batch, then 1 MB calls
+  EXPECT_EQ(counted[0], kFirstPieces * kFirstPieceBytes);
+  EXPECT_TRUE(received == content);
 }
 
 TEST(ShapedSendfileTest, APipeIsLeftToTheKernelUntouched) {
@@ -313,6 +374,47 @@ TEST(ShapedSendfileTest, APipeIsLeftToTheKernelUntouched) {
   EXPECT_EQ(read(pipefd[0], buf, sizeof(buf)), 6);  // nothing consumed
   close(pipefd[0]);
   close(pipefd[1]);
+}
+
+TEST(ChunkedSendfileTest, ALongCallIsCountedChunkByChunk) {
+  const std::string content = Pattern(1 << 20, 8);
+  TempFile file(content);
+  Pair p;
+  MakePair(&p);
+  std::string received;
+  std::thread reader([&] { received = ReadAll(p.client, content.size()); });
+  lseek(file.fd(), 0, SEEK_SET);
+  std::vector<size_t> counted;
+  errno = 99;
+  const ssize_t sent =
+      ChunkedSendfile(&::sendfile, p.server, file.fd(), nullptr, content.size(),
+                      64 << 10, [&](size_t b) { counted.push_back(b); });
+  EXPECT_EQ(errno, 99);
+  reader.join();
+  EXPECT_EQ(sent, static_cast<ssize_t>(content.size()));
+  EXPECT_EQ(counted.size(), 16u);  // one count per 64 KiB call
+  EXPECT_EQ(lseek(file.fd(), 0, SEEK_CUR), static_cast<off_t>(content.size()));
+  EXPECT_TRUE(received == content);
+}
+
+TEST(ChunkedSendfileTest, StopsAtTheFirstShortCallAndFailsOnlyFirst) {
+  const std::string content = Pattern(4 << 20, 9);
+  TempFile file(content);
+  Pair p;
+  MakePair(&p, /*sndbuf=*/8192);
+  fcntl(p.server, F_SETFL, fcntl(p.server, F_GETFL) | O_NONBLOCK);
+  off_t offset = 0;
+  const ssize_t first =
+      ChunkedSendfile(&::sendfile, p.server, file.fd(), &offset, content.size(),
+                      64 << 10, [](size_t) {});
+  ASSERT_GT(first, 0);
+  EXPECT_LT(first, static_cast<ssize_t>(content.size()));
+  EXPECT_EQ(offset, first);
+  EXPECT_EQ(ChunkedSendfile(&::sendfile, p.server, file.fd(), &offset,
+                            content.size(), 64 << 10, [](size_t) {}),
+            -1);
+  EXPECT_EQ(errno, EAGAIN);
+  EXPECT_EQ(offset, first);
 }
 
 TEST(CopyBuffersTest, EachBufferOneCallAtATime) {

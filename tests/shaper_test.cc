@@ -170,6 +170,13 @@ TEST(FirstPiecesPayTest, OnlyWhereTheRateDoesNotAllowTheUnpacedStart) {
   EXPECT_FALSE(FirstPiecesPay(100'000'000, 1448, 1'000));
 }
 
+TEST(ChunkBytesTest, AQuarterSecondAtLeast256KiB) {
+  EXPECT_EQ(ChunkBytes(0), 0u);
+  EXPECT_EQ(ChunkBytes(~uint64_t{0}), 0u);
+  EXPECT_EQ(ChunkBytes(100'000), 256u << 10);
+  EXPECT_EQ(ChunkBytes(40'000'000), 10'000'000u);
+}
+
 TEST(SegmentsOfTest, CountsSegmentsUpToTheFirstPieces) {
   EXPECT_EQ(SegmentsOf(0, 1448), 0u);
   EXPECT_EQ(SegmentsOf(1, 1448), 1u);

@@ -61,6 +61,7 @@ Run with -s to see the figures; they are in every assertion message too.
 """
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -765,3 +766,70 @@ def test_the_low_rate_byte_cases_went_through_the_shaper(byte_runs, case):
         case, counts[case], HIGH_RATE, counts["high-py"], counts["high-nginx"])
     print("\n" + report)
     assert shaped(counts[case], MIN_LOW_PIECES), report
+
+
+# --- counted while it runs ---------------------------------------------------
+# A server that hands a whole file to one blocking sendfile (gunicorn's
+# wsgi.file_wrapper, busybox httpd) sits in that call for the whole
+# download. What `stat` shows must still follow the bytes as they go: at a
+# rate in the shaper's range each batch of pieces is counted as it is sent
+# (2m: pieces of 37-75 KB, the file copied through many buffers); above it
+# the call is made in chunks of a quarter second at the level (4m).
+COUNTED_CASES = {"shaped": ("2m", "127.0.3.2"), "chunked": ("4m", "127.0.3.3")}
+
+
+@pytest.fixture(scope="module")
+def counted_runs(test_namespace, webroot):
+    run = Run(webroot, "counted")
+    root = run.workdir / "long"
+    root.mkdir(mode=0o755)
+    os.symlink(Path(webroot) / "big.bin", root / "big.bin")
+    harness.register_content("/sendfile/big.bin", harness.BIG_CONTENT)
+    results = {}
+    try:
+        servers = {}
+        for case, (rate, _) in COUNTED_CASES.items():
+            zone = run.zone(case)
+            server = SendPathsServer(run.workdir, root, env=run.env(zone, rate))
+            server.zone = zone
+            run.factory.servers.append(server)
+            servers[case] = server.start(wait_ready=False)
+        for server in servers.values():
+            server.wait_ready()
+        start = time.monotonic() + 0.2
+        downloads = {}
+        for case, (rate, client) in COUNTED_CASES.items():
+            downloads[case] = harness.Download(servers[case].port, client,
+                                               "/sendfile/big.bin", label=case,
+                                               start_at=start, stop_at=start + 4.5)
+        run.started(*downloads.values())
+        samples = {case: [] for case in COUNTED_CASES}
+        for at in (1.5, 3.5):
+            sleep_until(start + at)
+            for case, (_, client) in COUNTED_CASES.items():
+                seen = harness.key_stat(servers[case].zone, client)["bytes"]
+                samples[case].append((at, seen, downloads[case].bytes_at(start + at)))
+        run.stop()
+        for case, (rate, _) in COUNTED_CASES.items():
+            results[case] = {"rate": harness.parse_rate(rate), "samples": samples[case],
+                             "server": servers[case].describe()}
+    finally:
+        run.close()
+    return results
+
+
+@pytest.mark.parametrize("case", sorted(COUNTED_CASES))
+def test_a_long_blocking_sendfile_is_counted_while_it_runs(counted_runs, case):
+    r = counted_runs[case]
+    report = "%s at %d B/s: (seconds, stat bytes, client bytes) %s\n%s" % (
+        case, r["rate"], r["samples"], r["server"])
+    print("\n" + report)
+    # (The client hangs up mid-file, so the server's call ends short then:
+    # its return values are checked by the byte cases above.)
+    (t1, seen1, got1), (t2, seen2, got2) = r["samples"]
+    # The client got the rate, and what stat counts grew with it: at most
+    # a socket buffer, a batch or a chunk ahead of the client.
+    assert got2 - got1 >= 0.8 * r["rate"] * (t2 - t1), report
+    assert seen2 - seen1 >= 0.5 * r["rate"] * (t2 - t1), report
+    for seen, got in ((seen1, got1), (seen2, got2)):
+        assert got - 0.1 * r["rate"] <= seen <= got + 2 * r["rate"] + (4 << 20), report
