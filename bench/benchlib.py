@@ -147,6 +147,7 @@ class Bench:
             return {"LD_PRELOAD": self.idle_thread_lib()}
         if mode not in LIB_MODES:
             return {}
+        variables.setdefault("SHAPE", getattr(self, "shape", None))
         return harness.preload_env(zone, rate, library=self.library,
                                    SHARE=mode, **variables)
 

@@ -62,6 +62,9 @@ def parse_args(argv):
                    help="comma list of scenarios: " + ",".join(SCENARIOS))
     p.add_argument("--tso", choices=("9", "0", "both"), default="both",
                    help="net.ipv4.tcp_tso_rtt_log setting(s) to run (default both)")
+    p.add_argument("--shape", choices=("on", "off", "both"), default="on",
+                   help="the packet shaper (TRAFFICRATE_SHAPE): on (the default), "
+                   "off, or both, each setting its own tables (both: twice the time)")
     p.add_argument("--tools", default=",".join(TOOLS),
                    help="comparators measured in the accuracy scenario besides "
                    "equal and budget: comma list of %s, or none (default all)"
@@ -85,6 +88,7 @@ def parse_args(argv):
             ",".join(unknown), ",".join(list(SCENARIOS) + list(EXTERNAL))))
     args.scenarios = [n for n in SCENARIOS if not names or n in names]
     args.tso_values = {"9": [9], "0": [0], "both": [9, 0]}[args.tso]
+    args.shape_values = {"on": ["1"], "off": ["0"], "both": ["1", "0"]}[args.shape]
     tools = [t.strip() for t in args.tools.split(",") if t.strip() not in ("", "none")]
     bad = [t for t in tools if t not in TOOLS]
     if bad:
@@ -163,13 +167,14 @@ def log_columns(lines):
             log("  ".join("-" * w for w in widths))
 
 
-def print_table(tso, rows):
+def print_table(tso, rows, shape="1"):
     head = ("scenario", "metric", "equal", "budget", "target", "budget?")
     lines = [head] + [(r["scenario"], r["metric"], fmt_value(r, "equal"),
                        fmt_value(r, "budget"), target_text(r), verdict(r))
                       for r in rows]
-    log("\n== tcp_tso_rtt_log=%d: equal = today's rate/active per connection, "
-        "budget = TRAFFICRATE_SHARE=budget" % tso)
+    log("\n== tcp_tso_rtt_log=%d, packet shaper %s: equal = rate/active per "
+        "connection, budget = TRAFFICRATE_SHARE=budget"
+        % (tso, "on" if shape == "1" else "off (TRAFFICRATE_SHAPE=0)"))
     log_columns(lines)
     judged = [verdict(r) for r in rows if verdict(r)]
     log("budget column: %d PASS, %d FAIL, %d ERROR" % (
@@ -235,6 +240,7 @@ def main(argv):
             "loadavg_start": os.getloadavg(), "nofile": hard,
             "modes": list(LIB_MODES), "scenarios": args.scenarios,
             "tools": args.tool_list, "serial": args.serial,
+            "shape": args.shape,
             "tool_text": {t: TOOL_TEXT[t] for t in list(LIB_MODES) + args.tool_list}}
     log("trafficrate shared-budget benchmark: %s%s, library %s, commit %s%s" % (
         ",".join(args.scenarios), " (quick)" if args.quick else "", lib, commit,
@@ -256,7 +262,11 @@ def main(argv):
     old_tso = harness.sysctl(TSO_SYSCTL)
     tables = []
     try:
-        for k, tso in enumerate(args.tso_values):
+        settings = [(shape, tso) for shape in args.shape_values
+                    for tso in args.tso_values]
+        for k, (shape, tso) in enumerate(settings):
+            bench.shape = shape
+            label = "tso%d%s" % (tso, "" if shape == "1" else "-noshape")
             assert not harness.namespace_problems()  # never the host's sysctl
             harness.sysctl(TSO_SYSCTL, tso)
             rows, raw = [], {}
@@ -266,26 +276,27 @@ def main(argv):
             # unless --tso says otherwise): they do not depend on it.
             bench.tools = args.tool_list if k == 0 else []
             for name in args.scenarios:
-                if k > 0 and name in FIRST_SETTING_ONLY:
+                if tso != args.tso_values[0] and name in FIRST_SETTING_ONLY:
                     continue
                 t = time.monotonic()
-                log("\n-- [tso %d] %s" % (tso, name))
+                log("\n-- [%s] %s" % (label, name))
                 try:
                     r, data = SCENARIOS[name](bench)
                     rows += r
                     raw[name] = data
                 except Exception as e:  # one broken scenario must not hide the rest
-                    failed.append("%s (tso %d): %s" % (name, tso, e))
+                    failed.append("%s (%s): %s" % (name, label, e))
                     raw[name] = {"error": traceback.format_exc()}
                     log("  ERROR %s: %s" % (name, traceback.format_exc()))
                 log("  (%s took %.0f s)" % (name, time.monotonic() - t))
             # tools: tool -> accuracy case -> figures (equal and budget too),
             # ratios of the rate; windows = per-second totals, per_connection_Bps
             # = each connection's rate over the window.
-            results["runs"]["tso%d" % tso] = {"tcp_tso_rtt_log": tso, "rows": rows,
-                                              "raw": raw, "tools": bench.tool_results,
-                                              "adversarial": bench.adversarial}
-            tables.append((tso, rows, bench.tool_results, bench.adversarial))
+            results["runs"][label] = {"tcp_tso_rtt_log": tso, "shape": shape,
+                                      "label": label, "rows": rows, "raw": raw,
+                                      "tools": bench.tool_results,
+                                      "adversarial": bench.adversarial}
+            tables.append((tso, shape, rows, bench.tool_results, bench.adversarial))
     finally:
         harness.sysctl(TSO_SYSCTL, old_tso)
         bench.close()
@@ -296,8 +307,8 @@ def main(argv):
         out_path.parent.mkdir(parents=True, exist_ok=True)
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1, default=str)
-    for tso, rows, tools, adversarial in tables:
-        print_table(tso, rows)
+    for tso, shape, rows, tools, adversarial in tables:
+        print_table(tso, rows, shape)
         print_tools(tso, tools)
         print_adversarial(tso, adversarial, args.serial)
     for w in bench.warnings:

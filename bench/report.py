@@ -106,6 +106,13 @@ def panel_grid(cases, plt, draw, title, path):
     return path
 
 
+def title_of(label):
+    """tso9-noshape -> 'tcp_tso_rtt_log 9, shaper off'."""
+    tso, _, rest = label.partition("-")
+    return "tcp_tso_rtt_log %s, shaper %s" % (
+        tso[3:], "off" if rest == "noshape" else "on")
+
+
 def plot_accuracy(raw, tso, stem, out_dir, plt):
     """Two PNGs per run (windows, per-connection boxes); their paths."""
     cases = [(name, figs) for name, figs in raw.items()
@@ -138,11 +145,11 @@ def plot_accuracy(raw, tso, stem, out_dir, plt):
 
     return [
         panel_grid(cases, plt, windows,
-                   "accuracy (tcp_tso_rtt_log %d): per-second totals" % tso,
-                   out_dir / ("%s-accuracy-windows-tso%d.png" % (stem, tso))),
+                   "accuracy (%s): per-second totals" % title_of(tso),
+                   out_dir / ("%s-accuracy-windows-%s.png" % (stem, tso))),
         panel_grid(cases, plt, connections,
-                   "accuracy (tcp_tso_rtt_log %d): per-connection rates" % tso,
-                   out_dir / ("%s-accuracy-connections-tso%d.png" % (stem, tso))),
+                   "accuracy (%s): per-connection rates" % title_of(tso),
+                   out_dir / ("%s-accuracy-connections-%s.png" % (stem, tso))),
     ]
 
 
@@ -171,7 +178,7 @@ def plot_joinleave(figs, tso, stem, out_dir, plt):
     # burst (20-80x the rate for 100 ms, then nothing), which a log axis
     # would show without its zeros.
     clip = 4.0
-    title = "2 -> 8 -> 2 connections (tcp_tso_rtt_log %d)" % tso
+    title = "2 -> 8 -> 2 connections (%s)" % title_of(tso)
     if shown and max(shown) > clip:
         ax.set_ylim(0, clip)
         title += ", clipped at %gx (max %.0fx)" % (clip, max(shown))
@@ -182,7 +189,7 @@ def plot_joinleave(figs, tso, stem, out_dir, plt):
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    path = out_dir / ("%s-joinleave-tso%d.png" % (stem, tso))
+    path = out_dir / ("%s-joinleave-%s.png" % (stem, tso))
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
@@ -231,9 +238,9 @@ def plot_scale(figs, tso, stem, out_dir, plt):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
-    fig.suptitle("scale (tcp_tso_rtt_log %d)" % tso)
+    fig.suptitle("scale (%s)" % title_of(tso))
     fig.tight_layout()
-    path = out_dir / ("%s-scale-tso%d.png" % (stem, tso))
+    path = out_dir / ("%s-scale-%s.png" % (stem, tso))
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return [path]
@@ -367,9 +374,10 @@ def write_report(results, json_path, out_dir=None):
     lines.append("")
     lines += writepath_markdown(results.get("writepath"))
     for key, run in sorted(results.get("runs", {}).items()):
-        tso = run.get("tcp_tso_rtt_log")
+        # The run's label (tso9, tso0-noshape, ...): plots are named by it.
+        tso = run.get("label") or "tso%s" % run.get("tcp_tso_rtt_log")
         rows = run.get("rows", [])
-        lines += ["## tcp_tso_rtt_log %s" % tso, ""]
+        lines += ["## %s" % title_of(tso), ""]
         if rows:
             lines += [markdown_table(rows, row_columns(rows)), ""]
         raw = run.get("raw", {})

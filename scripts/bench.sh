@@ -24,12 +24,14 @@
 #   table per setting, raw figures in bench/results/, and a Markdown report
 #   with PNG plots beside them (bench/report.py).
 #
-#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--tools LIST|none]
-#                    [--serial] [--cases W:RATE:N[,...]]
+#   scripts/bench.sh [--quick] [--only NAME[,NAME]] [--tso 9|0|both] [--shape on|off|both]
+#                    [--tools LIST|none] [--serial] [--cases W:RATE:N[,...]]
 #
 #   --quick   fewer pairs, shorter windows (a few minutes; checks it works)
 #   --only    e.g. --only convergence, --only writepath, --only cluster or
 #             --only accuracy,short
+#   --shape   the packet shaper (TRAFFICRATE_SHAPE): on (default), off, or both,
+#             each its own tables, side by side in one run (both: twice the time)
 #   --tools   the comparators (default all, see budget.py; none: the library only)
 #   --serial  the tools of a case one after the other, not side by side
 #   --cases   only these accuracy cases, e.g. 2:500k:4,4:5m:16 (workers:rate:N)
@@ -56,6 +58,8 @@ while (($#)); do
     --only=*) only=${1#--only=} ;;
     --tso) budget_args+=(--tso "${2:?--tso needs 9, 0 or both}"); shift ;;
     --tso=*) budget_args+=("$1") ;;
+    --shape) budget_args+=(--shape "${2:?--shape needs on, off or both}"); shift ;;
+    --shape=*) budget_args+=("$1") ;;
     --tools) budget_args+=(--tools "${2:?--tools needs a list or none}"); shift ;;
     --tools=*) budget_args+=("$1") ;;
     --serial) budget_args+=(--serial) ;;

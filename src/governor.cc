@@ -505,6 +505,14 @@ Shape Governor::BeforeSend(int fd) {
   shape.first_left = local.first_left.load(std::memory_order_relaxed);
   shape.mss = local.mss.load(std::memory_order_relaxed);
   shape.level = conn.share_bytes_per_sec.load(std::memory_order_relaxed);
+  if (shape.level == 0 || shape.level == kUnpaced) {
+    // Not paced (budget mode, a key under its rate): nothing to cut, and
+    // its first segments go as the kernel makes them.
+    if (shape.first_left != 0) {
+      local_[StateConn(state)].first_left.store(0, std::memory_order_relaxed);
+    }
+    return Shape();
+  }
   if (!conn.active.load(std::memory_order_relaxed)) {
     // Not paced yet (TRAFFICRATE_AFTER): its first bytes leave unpaced.
     shape.piece = 0;

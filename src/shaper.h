@@ -144,7 +144,8 @@ class PieceCursor {
 // That round trip buys nothing where the rate itself allows 10 segments
 // in it: the kernel's unpaced start is then no excess.
 inline bool FirstPiecesPay(uint64_t level, uint32_t mss, uint32_t rtt_us) {
-  return level * rtt_us < uint64_t{kFirstPieces} * mss * 1'000'000;
+  if (rtt_us == 0) return true;
+  return level < uint64_t{kFirstPieces} * mss * 1'000'000 / rtt_us;
 }
 
 // Segments the kernel makes of `bytes` written as one piece at `mss`: what

@@ -168,6 +168,9 @@ TEST(FirstPiecesPayTest, OnlyWhereTheRateDoesNotAllowTheUnpacedStart) {
   EXPECT_TRUE(FirstPiecesPay(300'000, 1448, 40'000));
   EXPECT_FALSE(FirstPiecesPay(400'000, 1448, 40'000));
   EXPECT_FALSE(FirstPiecesPay(100'000'000, 1448, 1'000));
+  // Unpaced (budget mode under the rate), or no round trip measured.
+  EXPECT_FALSE(FirstPiecesPay(~uint64_t{0}, 1448, 30));
+  EXPECT_TRUE(FirstPiecesPay(64'000, 1448, 0));
 }
 
 TEST(ChunkBytesTest, AQuarterSecondAtLeast256KiB) {
