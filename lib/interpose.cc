@@ -432,14 +432,13 @@ ssize_t SendBuffer(int fd, const void* buf, size_t len, int flags, bool may_cut,
 template <typename Plain>
 ssize_t SendIovecs(int fd, const iovec* iov, int iovcnt, int flags,
                    bool may_cut, Plain plain) {
-  bool ok = false;
   return ShapeOrSend(
       fd, may_cut && FlagsAllowCut(flags),
       [&] {
-        const size_t total = IovBytes(iov, iovcnt, &ok);
-        return ok ? total : 0;
+        bool ok = false;
+        return IovBytes(iov, iovcnt, &ok);
       },
-      [&]() -> ssize_t { return plain(); },
+      plain,
       [&](Governor&, PieceCursor& cursor, SentCounter counted,
           ShapeCounts* counts) -> ssize_t {
         return ShapedSendv(kRealSendCalls, fd, iov, iovcnt, flags, cursor,
@@ -485,8 +484,7 @@ TRAFFICRATE_EXPORT ssize_t sendto(int fd, const void* buf, size_t len,
 
 TRAFFICRATE_EXPORT ssize_t sendmsg(int fd, const msghdr* msg, int flags) {
   auto call = [&]() -> ssize_t {
-    return g_real.sendmsg ? g_real.sendmsg(fd, msg, flags)
-                          : syscall(SYS_sendmsg, fd, msg, flags);
+    return trafficrate::RealSendmsg(fd, msg, flags);
   };
   // Passing fds (SCM_RIGHTS): governed sockets among them are published
   // before they leave, so that the receiver finds them.
@@ -515,8 +513,7 @@ TRAFFICRATE_EXPORT int sendmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
                                 int flags) {
   trafficrate::Governor* gov = trafficrate::ActiveGovernor();
   auto call = [&]() -> int {
-    return g_real.sendmmsg ? g_real.sendmmsg(fd, msgs, vlen, flags)
-                           : syscall(SYS_sendmmsg, fd, msgs, vlen, flags);
+    return trafficrate::RealSendmmsg(fd, msgs, vlen, flags);
   };
   if (gov == nullptr) return call();
   // Bounded: the kernel takes at most UIO_MAXIOV (1024) messages per call.
@@ -609,9 +606,7 @@ TRAFFICRATE_EXPORT int recvmmsg(int fd, mmsghdr* msgs, unsigned int vlen,
 TRAFFICRATE_EXPORT ssize_t sendfile(int out_fd, int in_fd, off_t* offset,
                                     size_t count) {
   return trafficrate::Sendfile(out_fd, in_fd, offset, count, [&]() -> ssize_t {
-    return g_real.sendfile
-               ? g_real.sendfile(out_fd, in_fd, offset, count)
-               : syscall(SYS_sendfile, out_fd, in_fd, offset, count);
+    return trafficrate::RealSendfile(out_fd, in_fd, offset, count);
   });
 }
 

@@ -39,7 +39,9 @@ PieceCursor::PieceCursor(const Shape& shape, size_t total)
   if (shape_.first_left == 0 || total <= tiny + shape_.mss) {
     shape_.first_left = 0;
   }
-  cut_ = shape_.piece != 0 || shape_.first_left != 0;
+  // Nothing to cut in an empty call (or one whose iovecs the kernel will
+  // refuse, which its caller counts as 0 bytes): it goes to the kernel.
+  cut_ = total != 0 && (shape_.piece != 0 || shape_.first_left != 0);
 }
 
 size_t PieceCursor::Next(size_t max) {

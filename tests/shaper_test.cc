@@ -69,6 +69,16 @@ TEST(PlanTest, UnpacedIsInactiveAndMssDefaults) {
   EXPECT_EQ(fresh.mss, 1448u);
 }
 
+TEST(PieceCursorTest, AnEmptyCallIsNeverCut) {
+  Shape shape;
+  shape.piece = 5000;
+  shape.mss = 1448;
+  shape.first_left = kFirstPieces;
+  PieceCursor cursor(shape, 0);
+  EXPECT_FALSE(cursor.Cut());
+  EXPECT_EQ(cursor.Next(), 0u);
+}
+
 TEST(PieceCursorTest, UnshapedCallGoesWhole) {
   const Shape none;
   PieceCursor cursor(none, 100000);
