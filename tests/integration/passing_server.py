@@ -25,26 +25,11 @@ import subprocess
 import sys
 import threading
 
+from msghdr import Iovec, Mmsghdr  # beside this script
+
 MSG_WAITFORONE = 0x10000
 SOL_SOCKET = socket.SOL_SOCKET
 SCM_RIGHTS = socket.SCM_RIGHTS
-
-
-class Iovec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-class Msghdr(ctypes.Structure):
-    _fields_ = [("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
-                ("msg_iov", ctypes.POINTER(Iovec)),
-                ("msg_iovlen", ctypes.c_size_t),
-                ("msg_control", ctypes.c_void_p),
-                ("msg_controllen", ctypes.c_size_t),
-                ("msg_flags", ctypes.c_int)]
-
-
-class Mmsghdr(ctypes.Structure):
-    _fields_ = [("msg_hdr", Msghdr), ("msg_len", ctypes.c_uint)]
 
 
 class Cmsg1(ctypes.Structure):

@@ -51,6 +51,8 @@ import signal
 import socket
 import sys
 import threading
+
+from msghdr import Iovec, Mmsghdr  # beside this script
 import time
 
 WAYS = ("send", "write", "writev", "sendmsg", "sendmmsg", "sendfile",
@@ -64,23 +66,6 @@ SPLICE_CHUNK = 1 << 20
 RESPONSE_LIMIT_S = 60.0  # one response may take at most this long
 HEAD_LIMIT = 16384
 SENDFILE_POSITION = 7  # "sendfile": the file's own position, never moved
-
-
-class Iovec(ctypes.Structure):
-    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
-
-
-class Msghdr(ctypes.Structure):
-    _fields_ = [("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
-                ("msg_iov", ctypes.POINTER(Iovec)),
-                ("msg_iovlen", ctypes.c_size_t),
-                ("msg_control", ctypes.c_void_p),
-                ("msg_controllen", ctypes.c_size_t),
-                ("msg_flags", ctypes.c_int)]
-
-
-class Mmsghdr(ctypes.Structure):
-    _fields_ = [("msg_hdr", Msghdr), ("msg_len", ctypes.c_uint)]
 
 
 LIBC = ctypes.CDLL(None, use_errno=True)  # the global scope: LD_PRELOAD first
