@@ -20,15 +20,6 @@ uint32_t PieceBytes(uint64_t level, uint32_t vary) {
   return static_cast<uint32_t>(piece);
 }
 
-Shape Plan(uint64_t level, uint32_t mss, uint32_t vary, uint32_t first_left) {
-  Shape shape;
-  if (level == 0 || level == ~uint64_t{0}) return shape;  // not paced
-  shape.piece = PieceBytes(level, vary);
-  shape.first_left = first_left < kFirstPieces ? first_left : kFirstPieces;
-  shape.mss = mss != 0 ? mss : kDefaultMss;
-  return shape;
-}
-
 PieceCursor::PieceCursor(const Shape& shape, size_t total)
     : shape_(shape), left_(total) {
   if (shape_.mss == 0) shape_.mss = kDefaultMss;

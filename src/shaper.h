@@ -18,11 +18,12 @@
 // segments, not bytes: ten tiny first pieces make that burst about 1 KB
 // instead of 10 MSS (640 KiB on a 64 KiB-MTU loopback).
 //
-// This unit is the plain decision: Plan() gives a connection's shape from
-// its level and MSS; PieceCursor cuts one call's bytes into pieces.
-// shaped_send.h makes the system calls.
+// This unit is the plain decision: PieceBytes() gives a connection's piece
+// size from its level (the Governor keeps it in the connection's Shape with
+// its MSS and first pieces, Governor::BeforeSend); PieceCursor cuts one
+// call's bytes into pieces. shaped_send.h makes the system calls.
 //
-//   Shape shape = Plan(level, mss, VaryIndex(conn_index), first_left);
+//   shape.piece = PieceBytes(level, VaryIndex(conn_index));
 //   PieceCursor cursor(shape, call_bytes);
 //   while (size_t piece = cursor.Next()) { ... send piece bytes ... }
 //
@@ -97,10 +98,6 @@ inline uint32_t VaryIndex(uint32_t conn_index) {
 // `vary` goes from 0 to kVarySteps - 1, at least kMinPieceBytes, at most
 // kMaxPieceBytes; 0 from kShapeBelowBytesPerSec up.
 uint32_t PieceBytes(uint64_t level, uint32_t vary);
-
-// The connection's shape: pieces for its level, and its first pieces still
-// to go. mss 0 (unknown) is taken as 1448, an Ethernet path's.
-Shape Plan(uint64_t level, uint32_t mss, uint32_t vary, uint32_t first_left);
 
 // Cuts one call of `total` bytes into pieces, in order. A small value: copy
 // it to plan ahead, and replay the pieces the kernel took on the original.

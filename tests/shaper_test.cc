@@ -58,17 +58,6 @@ TEST(VaryIndexTest, NeighbouringSlotsGetDifferentSizes) {
   EXPECT_GE(seen.size(), 14u);
 }
 
-TEST(PlanTest, UnpacedIsInactiveAndMssDefaults) {
-  EXPECT_FALSE(Plan(0, 1448, 3, kFirstPieces).Active());
-  EXPECT_FALSE(Plan(~uint64_t{0}, 1448, 3, kFirstPieces).Active());
-  const Shape fast = Plan(100'000'000, 1448, 3, 0);
-  EXPECT_FALSE(fast.Active());
-  const Shape fresh = Plan(100'000'000, 0, 3, 99);
-  EXPECT_TRUE(fresh.Active());
-  EXPECT_EQ(fresh.first_left, kFirstPieces);
-  EXPECT_EQ(fresh.mss, 1448u);
-}
-
 TEST(PieceCursorTest, AnEmptyCallIsNeverCut) {
   Shape shape;
   shape.piece = 5000;
