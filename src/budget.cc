@@ -311,9 +311,10 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
       // clip at 1, so that it does not hold the level under the equal
       // share on average; and while the balance is within the band, where
       // those lumps are most of what it shows, it goes down twice as
-      // slowly as it comes back up.
+      // slowly as it comes back up, unless the packet shaper keeps the
+      // connections out of step (BudgetInput::shaped).
       boost = std::min(boost, kPacedBoostCeiling);
-      if (balance_error >= 0 && error <= 0) integral_ns *= 2;
+      if (!input.shaped && balance_error >= 0 && error <= 0) integral_ns *= 2;
     }
     boost *= std::exp(Clamp(error * dt / integral_ns, -1.0, 1.0) +
                       balance_error * dt / kBalanceIntegralNs);

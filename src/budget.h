@@ -172,6 +172,16 @@ struct BudgetInput {
   // measurements out: cpu_budget.h). The balance does not act on what is
   // within that much of the level for each connection.
   int64_t count_lag_ns = 0;
+  // Its connections send through the packet shaper (TRAFFICRATE_SHAPE):
+  // small MSG_EOR pieces, sized differently for each connection, so they
+  // are not in step and the count moves in small steps. Without it, the
+  // kernel's packets (up to 64 KiB) of connections that started together
+  // leave in step, seconds apart, and the count comes in lumps; the
+  // controller then lets the boost fall more slowly than it rises while
+  // the balance is within the band, or the lumps would hold the key under
+  // its rate. With it that slowness is a bias: the key's new connections'
+  // unpaced first bytes would go uncorrected.
+  bool shaped = false;
 };
 
 // One decision. Pure; safe from any thread.

@@ -68,12 +68,16 @@ constexpr rlim_t kKeptFdBase = 4096;
 // and eight packet gaps at least) is counted as using less than its share.
 constexpr double kSlowPart = 0.85;
 
-// The packet size a connection is scheduled by: what was measured, or
-// two segments until then (a slow connection takes seconds to get past
-// its unpaced first segments, which do not count).
+// The packet size a connection is scheduled by: what was measured, at
+// least two segments, and two segments until measured (a slow connection
+// takes seconds to get past its unpaced first segments, which do not
+// count). The packet shaper's pieces are smaller at low levels (256 B at a
+// few KB/s); the count then moves in small steps, and visiting by their gap
+// would cost the watcher several times what it costs for the kernel's own
+// two-segment packets, for no better count (the controller sizes its band
+// and speed by two segments at least too: budget.cc).
 uint32_t PacketOrTwoSegments(uint32_t packet_bytes) {
-  return packet_bytes != 0 ? packet_bytes
-                           : static_cast<uint32_t>(kTwoSegmentsBytes);
+  return std::max(packet_bytes, static_cast<uint32_t>(kTwoSegmentsBytes));
 }
 
 // A decision or visit interval: gap_ns up to kMaxDecideGapNs, times the
@@ -479,7 +483,9 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
     every = std::max<int64_t>(
         kBudgetTickNs / 2,
         StretchedDecideGapNs(
-            static_cast<int64_t>(PacketGapNs(packet_bytes, level) / 4), cpu_));
+            static_cast<int64_t>(
+                PacketGapNs(PacketOrTwoSegments(packet_bytes), level) / 4),
+            cpu_));
   }
   if (last != 0 && ElapsedNs(now_ns, last) < every) return;
   if (!TryTakeLease(key, watcher_.proc_index(), now_ns)) return;
@@ -492,7 +498,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   state = BudgetTick(state,
                      {now_ns, key.sent_bytes.load(std::memory_order_relaxed),
                       active, packet_bytes, UnderPaceOf(key), pending,
-                      cpu_.Stretch(kBudgetCountLagNs)},
+                      cpu_.Stretch(kBudgetCountLagNs), options_.shape},
                      settings);
   // Joins may have added to it meanwhile: only what this tick forgave or
   // let lapse is taken off.
