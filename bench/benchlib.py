@@ -32,6 +32,7 @@ import errno
 import heapq
 import os
 import pickle
+import re
 import select
 import shutil
 import socket
@@ -288,6 +289,28 @@ def trickle_evidence():
     return {"library": str(lib), "nginx": harness.NGINX,
             "nginx_calls_hooked": [c for c in calls if c in hooked],
             "nginx_calls_not_hooked": [c for c in calls if c not in hooked]}
+
+
+def shaper_cost(srv):
+    """What the packet shaper cost srv so far: its processes' shaper counters
+    (stat --json) and the packets the kernel sent on srv's open client
+    connections (ss: segs_out, since each connection began). {} if unknown
+    (no zone, no stat)."""
+    if not srv.zone:
+        return {}
+    try:
+        st = harness.stat_json(srv.zone)
+    except (RuntimeError, ValueError, OSError):
+        return {}
+    procs = st.get("processes", [])
+    cost = {k: sum(p.get(k, 0) for p in procs)
+            for k in ("shaped_calls", "shaper_syscalls", "shaped_pieces")}
+    out = subprocess.run(["ss", "-tinH", "state", "established",
+                          "( sport = :%d )" % srv.port],
+                         capture_output=True, text=True, timeout=20).stdout
+    cost["segs_out"] = sum(int(m) for m in re.findall(r"\bsegs_out:(\d+)", out))
+    cost["connections"] = len(re.findall(r"\bsegs_out:", out))
+    return cost
 
 
 def worker_split(srv, conns):
@@ -640,13 +663,15 @@ def drive(bench, srv, specs, duration, warm=None, max_opening=256,
             stat = bench.stat(srv, specs[0]["source"])
         else:
             helper.join(10.0)
+        shaping = shaper_cost(srv)
+        shaping["seconds"] = time.monotonic() - base
     finally:
         reader.close_all()
     # How busy the reader itself was (near 100: it may have lagged).
     client_cpu = 100.0 * (marks["client_cpu_end"] - marks["client_cpu_start"]) / (
         t1 + 0.02 - t0)
     return Run(conns=conns, specs=specs, base=base, t0=t0, t1=t1, split=split,
-               stat=stat, marks=marks, errors=errors(conns),
+               stat=stat, marks=marks, errors=errors(conns), shaping=shaping,
                client_cpu_pct=round(client_cpu, 1))
 
 
