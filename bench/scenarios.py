@@ -686,6 +686,29 @@ def joinleave(bench):
 
 # ---------------------------------------------------------------- manyclients
 
+def machine_ticks():
+    """The machine's CPU time by kind (/proc/stat's cpu line), or None."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def interrupt_share(start, end):
+    """Of the machine's CPU time between two machine_ticks(), the part spent
+    in hard and soft interrupts, or None. Without IRQ time accounting
+    (Debian's kernels, this one) a thread's run time includes the interrupts
+    that come while it runs: on loopback that is the kernel sending the
+    shaper's packets and the client receiving them, spread over whatever
+    runs."""
+    if not start or not end:
+        return None
+    d = [b - a for a, b in zip(start, end)]
+    total = sum(d)
+    return (d[5] + d[6]) / total if total > 0 else None
+
+
 def manyclients(bench):
     """1000 clients x 9 connections at 16 KiB/s each; watcher CPU."""
     nclients, per, rate = 1000, 9, "16k"
@@ -704,10 +727,12 @@ def manyclients(bench):
             workers = srv.worker_pids()
 
             def hook(when, workers=workers):
-                return {str(pid): {"process": thread_cpu(pid),
-                                   "watchers": {str(t): thread_cpu(pid, t)
-                                                for t in watcher_tids(pid)}}
-                        for pid in workers}
+                marks = {str(pid): {"process": thread_cpu(pid),
+                                    "watchers": {str(t): thread_cpu(pid, t)
+                                                 for t in watcher_tids(pid)}}
+                         for pid in workers}
+                marks["machine"] = machine_ticks()
+                return marks
             run = drive(bench, srv, specs, window, warm=warm, max_opening=256,
                         connect_timeout=60.0, hook=hook)
         for e in run.errors[:5]:
@@ -721,7 +746,11 @@ def manyclients(bench):
         open_at_end = sum(run.split.values())
         watcher = process = 0.0
         missing = []
+        irq_share = interrupt_share(run.marks["start"].get("machine"),
+                                    run.marks["end"].get("machine"))
         for pid, start in run.marks["start"].items():
+            if pid == "machine":
+                continue
             end_ = run.marks["end"].get(pid, {})
             if start["process"] is not None and end_.get("process") is not None:
                 process += end_["process"] - start["process"]
@@ -731,7 +760,8 @@ def manyclients(bench):
                     missing.append("%s/%s" % (pid, tid))
                 else:
                     watcher += t_end - t_start
-        n_watchers = sum(len(v["watchers"]) for v in run.marks["start"].values())
+        n_watchers = sum(len(v["watchers"]) for k, v in run.marks["start"].items()
+                         if k != "machine")
         seconds = run.t1 - run.t0
         per10k = 10000.0 / max(1, open_at_end or connected)
         r = {"total": round(total, 4),
@@ -744,6 +774,10 @@ def manyclients(bench):
              "error_count": len(run.errors), "watcher_threads": n_watchers,
              "watcher_cpu_pct_per_10k": (100.0 * watcher / seconds * per10k
                                          if n_watchers else None),
+             "interrupt_share": irq_share,
+             "watcher_cpu_net_pct_per_10k": (
+                 100.0 * watcher / seconds * per10k * (1 - irq_share)
+                 if n_watchers and irq_share is not None else None),
              "workers_cpu_pct": 100.0 * process / seconds, "cpu_marks": run.marks,
              "client_cpu_pct": run.client_cpu_pct,
              "per_client_ratios": _r(ratios)}
@@ -751,12 +785,16 @@ def manyclients(bench):
         pc = r["per_client"]
         _mode_line("manyclients", mode, "total %.3fx; per client %.2f/%.2f/%.2f/"
                    "%.2f/%.2f (min/p5/median/p95/max); %d connected, %d open at "
-                   "end on %s; watcher CPU %s%% per 10k conns, workers %.0f%%, "
+                   "end on %s; watcher CPU %s%% per 10k conns (%s%% net of the "
+                   "machine's %s%% interrupt time), workers %.0f%%, "
                    "client %.0f%%" % (
                        total, pc["min"], pc["p5"], pc["median"], pc["p95"], pc["max"],
                        connected, open_at_end, run.split,
                        "n/a" if r["watcher_cpu_pct_per_10k"] is None
                        else "%.2f" % r["watcher_cpu_pct_per_10k"],
+                       "n/a" if r["watcher_cpu_net_pct_per_10k"] is None
+                       else "%.2f" % r["watcher_cpu_net_pct_per_10k"],
+                       "n/a" if irq_share is None else "%.0f" % (100 * irq_share),
                        r["workers_cpu_pct"], run.client_cpu_pct))
     label = "%dx%d @16k" % (nclients, per)
     rows = [
@@ -775,6 +813,12 @@ def manyclients(bench):
             {m: max(figs[m]["windows"]) for m in MODES}),
         row("manyclients", "watcher CPU, % of a core per 10k conns",
             {m: figs[m]["watcher_cpu_pct_per_10k"] for m in MODES}, hi=1.0, fmt="%.2f"),
+        row("manyclients", "watcher CPU net of interrupt time, same",
+            {m: figs[m]["watcher_cpu_net_pct_per_10k"] for m in MODES}, hi=1.0,
+            fmt="%.2f"),
+        row("manyclients", "machine's time in interrupts, %",
+            {m: None if figs[m]["interrupt_share"] is None
+             else 100 * figs[m]["interrupt_share"] for m in MODES}, fmt="%.0f"),
         row("manyclients", "nginx workers CPU, % of a core",
             {m: figs[m]["workers_cpu_pct"] for m in MODES}, fmt="%.1f"),
         row("manyclients", "bench client CPU, % of a core",
