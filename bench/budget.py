@@ -6,8 +6,8 @@ TRAFFICRATE_SHARE=budget, side by side, in a private network namespace.
                     [--tools TOOL[,TOOL]|none] [--serial] [--build-dir DIR]
                     [--out FILE]
 
-Scenarios: keepalive, accuracy, short, manyclients, slowreader, joinleave
-(see bench/README.md for what each measures and how). Every scenario runs
+Scenarios: keepalive, accuracy, short, manyclients, slowreader, joinleave,
+bigmtu (see bench/README.md for what each measures and how). Every scenario runs
 once with net.ipv4.tcp_tso_rtt_log=9 (the default) and once with 0, set in
 the benchmark's own network namespace. Run as root; when not already in a
 private namespace with lo up at MTU 1500, the script re-executes itself in

@@ -684,6 +684,40 @@ def joinleave(bench):
     ], figs), figs
 
 
+def bigmtu(bench):
+    """lo at its default MTU of 65 536 (in the benchmark's namespace, for
+    this scenario only): one client, 3 downloads at 200k, equal and budget
+    side by side, 12 s from the start (the first second holds the new
+    connections' unpaced first segments: 10 x 64 KiB each without the
+    shaper)."""
+    rate, seconds = "200k", 6.0 if bench.quick else 12.0
+    target = harness.parse_rate(rate)
+    old_mtu = harness.interface_mtu("lo")
+    subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], check=True,
+                   timeout=10, capture_output=True)
+    try:
+        runs, _ = side_by_side(bench, rate, lambda srv: long_specs(3), seconds)
+    finally:
+        subprocess.run(["ip", "link", "set", "lo", "mtu", str(old_mtu)], check=True,
+                       timeout=10, capture_output=True)
+    figs = {}
+    for mode, run in runs.items():
+        if failed_run(bench, "bigmtu", mode, run):
+            figs[mode] = {"error": run}
+            continue
+        per_second = [w / target for w in run.windows()]
+        figs[mode] = {"total": round(run.rate() / target, 4), "windows": _r(per_second),
+                      "errors": run.errors[:20]}
+        _mode_line("bigmtu", mode, "total %.3fx over %g s; 1 s windows %s" % (
+            figs[mode]["total"], seconds, " ".join("%.3f" % w for w in per_second)))
+    note_totals(bench, "bigmtu", figs)
+    return judged_rows("bigmtu", [
+        ("lo MTU 65536, 3 @200k: total %g s / rate" % seconds, "total", {"hi": 1.03}),
+        ("lo MTU 65536: max 1 s window", lambda r: max(r["windows"]), {"hi": 1.10}),
+        ("lo MTU 65536: first 1 s window", lambda r: r["windows"][0], {}),
+    ], figs), figs
+
+
 # ---------------------------------------------------------------- manyclients
 
 def machine_ticks():
@@ -896,5 +930,6 @@ SCENARIOS = {
     "slowreader": slowreader,
     "spread24": spread24,
     "joinleave": joinleave,
+    "bigmtu": bigmtu,
     "scale": scale,
 }
