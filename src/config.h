@@ -31,10 +31,10 @@
 //   TRAFFICRATE_IDLE       how long a connection may go without writing before
 //                          it stops taking a share; 1ms .. 60s, default 200ms
 //   TRAFFICRATE_SHARE      budget | equal (budget.h): how a key's sending
-//                          connections share its rate. equal: rate/active
-//                          each, always (the default for now); budget: a
-//                          shared byte budget, measured, max-min fair, no
-//                          cap while the key is clearly under its rate.
+//                          connections share its rate. budget (the
+//                          default): a shared byte budget, measured,
+//                          max-min fair, no cap while the key is clearly
+//                          under its rate; equal: rate/active each, always.
 //   TRAFFICRATE_BURST      budget mode: unused allowance a key may bank,
 //                          k/m/g units, 1k .. 1g; unset: 50 ms of the rate,
 //                          at least 16k
@@ -142,7 +142,7 @@ struct Config {
   std::string log_path;  // set when log == LogTarget::kFile
   bool strict = false;
   int64_t idle_ns = 200'000'000;
-  ShareMode share = ShareMode::kEqual;
+  ShareMode share = ShareMode::kBudget;
   uint64_t burst_bytes = 0;  // 0: DefaultBurstBytes(rate)
   // TRAFFICRATE_INHERITED: at start-up, govern the client connections the
   // process inherited (inetd, systemd Accept=yes): Governor::AdoptInherited.

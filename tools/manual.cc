@@ -91,15 +91,15 @@ std::vector<VariableDoc>* MakeVariableDocs() {
        "counted once they have left the socket; k, m or g, 0 to 1024g.",
        "0"},
       {"TRAFFICRATE_SHARE", "--share", "M", "",
-       "equal: rate/active per sending connection, always; budget: a shared "
-       "byte budget per client, measured across processes, no cap while the "
-       "client is under its rate",
-       "`equal`: each sending connection is paced at rate / active, always. "
+       "budget: a shared byte budget per client, measured across processes, "
+       "no cap while the client is under its rate; equal: rate/active per "
+       "sending connection, always",
        "`budget`: a byte budget per key shared across processes and measured "
        "from what really leaves the sockets, so a connection that sends less "
        "than its share leaves the rest to the others and nothing is capped "
-       "while the key is under its rate.",
-       "equal"},
+       "while the key is under its rate. `equal`: each sending connection is "
+       "paced at rate / active, always (for comparison).",
+       "budget"},
       {"TRAFFICRATE_BURST", "--burst", "N", "",
        "budget mode: unused allowance a client may bank, e.g. 64k",
        "Budget mode only: how much unused allowance a key may bank while "
@@ -373,9 +373,10 @@ std::vector<TopicDoc>* MakeTopicDocs() {
        {"libtrafficrate.so, loaded into an unmodified TCP server with "
         "LD_PRELOAD, makes all connections from one client (by default one "
         "IP address) share one configured download rate across every "
-        "process of the server: each sending connection gets max(1, rate / "
-        "active) (TRAFFICRATE_SHARE=equal) or its part of a byte budget the "
-        "client's connections share (budget), applied by the kernel's own "
+        "process of the server: each sending connection gets its part of a "
+        "byte budget the client's connections share (TRAFFICRATE_SHARE=budget, "
+        "the default) or max(1, rate / active) (equal), applied by the "
+        "kernel's own "
         "TCP pacing (SO_MAX_PACING_RATE), so non-blocking sockets, sendfile, "
         "splice and TLS work exactly as before.",
         "The library interposes accept, accept4, listen, the send family, "

@@ -655,10 +655,11 @@ def test_check_prints_the_share_mode(cli):
     cp = harness.run_cli("check", "--rate", "500k")
     assert cp.returncode == 0, cp.stderr
     lines = share_lines(cp.stdout)
-    # The default stays equal until the budget meets its targets (issue 7).
-    assert len(lines) == 1 and "equal" in lines[0], cp.stdout
+    # The default is budget (issue 33), equal stays for comparison.
+    assert len(lines) == 1 and "budget" in lines[0], cp.stdout
     for args, env in ((["--share", "equal"], None), ([], {"TRAFFICRATE_SHARE": "equal"}),
-                      (["--share", "budget"], {"TRAFFICRATE_SHARE": "equal"})):
+                      (["--share", "budget"], {"TRAFFICRATE_SHARE": "equal"}),
+                      (["--share", "equal"], {"TRAFFICRATE_SHARE": "budget"})):
         cp = harness.run_cli("check", "--rate", "500k", *args, env=env)
         assert cp.returncode == 0, (args, env, cp.stderr)
         lines = share_lines(cp.stdout)
