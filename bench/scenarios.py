@@ -855,6 +855,11 @@ def manyclients(bench):
              else 100 * figs[m]["interrupt_share"] for m in MODES}, fmt="%.0f"),
         row("manyclients", "nginx workers CPU, % of a core",
             {m: figs[m]["workers_cpu_pct"] for m in MODES}, fmt="%.1f"),
+        row("manyclients", "the same per 10k conns (the shaper's cost: compare "
+            "TRAFFICRATE_SHAPE=0)",
+            {m: figs[m]["workers_cpu_pct"] * 10000.0
+             / max(1, figs[m]["open_at_end"] or figs[m]["connected"]) for m in MODES},
+            fmt="%.1f"),
         row("manyclients", "bench client CPU, % of a core",
             {m: figs[m]["client_cpu_pct"] for m in MODES}, fmt="%.1f"),
     ]

@@ -818,7 +818,10 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
         }
       }
     }
-    local.piece.store(PieceBytes(rate, VaryIndex(index)),
+    const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
+    const uint64_t key_rate =
+        k < zone_->key_capacity() ? zone_->KeyRate(zone_->key(k)) : 0;
+    local.piece.store(PieceBytes(rate, VaryIndex(index), key_rate),
                       std::memory_order_relaxed);
   }
   const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(

@@ -7,14 +7,24 @@ namespace {
 constexpr uint32_t kDefaultMss = 1448;
 // PieceBytes spans level / kSlowDivisor (vary 0) to about twice that.
 constexpr uint64_t kSlowDivisor = 56;
+// The same for the key's floor: key_rate / kKeySlowDivisor to twice that,
+// about key_rate / kKeyPiecesPerSecond.
+constexpr uint64_t kKeySlowDivisor = kKeyPiecesPerSecond * 7 / 5;
 
 }  // namespace
 
-uint32_t PieceBytes(uint64_t level, uint32_t vary) {
+uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate) {
   if (level == 0 || level >= kShapeBelowBytesPerSec) return 0;
   if (vary >= kVarySteps) vary = kVarySteps - 1;
   // level < 2^22 here, so the product cannot overflow.
   uint64_t piece = level * (kVarySteps + vary) / (kVarySteps * kSlowDivisor);
+  // A key's rate may be anything up to 2^50 or so (rules); its floor only
+  // matters up to kMaxPieceBytes.
+  const uint64_t key_floor =
+      key_rate >= kMaxPieceBytes * kKeySlowDivisor
+          ? kMaxPieceBytes
+          : key_rate * (kVarySteps + vary) / (kVarySteps * kKeySlowDivisor);
+  if (piece < key_floor) piece = key_floor;
   if (piece < kMinPieceBytes) piece = kMinPieceBytes;
   if (piece > kMaxPieceBytes) piece = kMaxPieceBytes;
   return static_cast<uint32_t>(piece);

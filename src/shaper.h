@@ -23,7 +23,7 @@
 // its MSS and first pieces, Governor::BeforeSend); PieceCursor cuts one
 // call's bytes into pieces. shaped_send.h makes the system calls.
 //
-//   shape.piece = PieceBytes(level, VaryIndex(conn_index));
+//   shape.piece = PieceBytes(level, VaryIndex(conn_index), key_rate);
 //   PieceCursor cursor(shape, call_bytes);
 //   while (size_t piece = cursor.Next()) { ... send piece bytes ... }
 //
@@ -56,6 +56,13 @@ inline constexpr uint32_t kFirstPieces = 10;
 inline constexpr uint32_t kFirstPieceBytes = 100;
 // Variation indexes: 0 .. kVarySteps - 1.
 inline constexpr uint32_t kVarySteps = 64;
+// Pieces a second a whole key needs at most: its connections are out of
+// step, so the key's 1 s windows hold within about a per cent once they
+// send this many together (n connections of pieces P vary a window by
+// about P x sqrt(n / 12)). A key of many connections gets larger pieces
+// than level / 40 (10 clients of 1 000 connections at 10 KB/s each would
+// otherwise be 400 000 packets a second).
+inline constexpr uint32_t kKeyPiecesPerSecond = 1000;
 
 // How one connection's sends are cut. piece == 0 and first_left == 0:
 // unshaped, the call goes to the kernel whole.
@@ -94,10 +101,12 @@ inline uint32_t VaryIndex(uint32_t conn_index) {
 }
 
 // The piece size for a connection paced at `level` bytes a second
-// (0 or ~0: not paced): about level / 40, from level / 56 to level / 28 as
-// `vary` goes from 0 to kVarySteps - 1, at least kMinPieceBytes, at most
-// kMaxPieceBytes; 0 from kShapeBelowBytesPerSec up.
-uint32_t PieceBytes(uint64_t level, uint32_t vary);
+// (0 or ~0: not paced) whose key's rate is `key_rate` (0: not known):
+// about level / 40, from level / 56 to level / 28 as `vary` goes from 0
+// to kVarySteps - 1, and at least about key_rate / kKeyPiecesPerSecond
+// (varied the same way); at least kMinPieceBytes, at most kMaxPieceBytes;
+// 0 from kShapeBelowBytesPerSec up.
+uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate = 0);
 
 // Cuts one call of `total` bytes into pieces, in order. A small value: copy
 // it to plan ahead, and replay the pieces the kernel took on the original.

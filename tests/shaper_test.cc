@@ -49,6 +49,30 @@ TEST(PieceBytesTest, BoundsAndUnshapedLevels) {
   EXPECT_EQ(PieceBytes(1000, 1000), PieceBytes(1000, kVarySteps - 1));
 }
 
+TEST(PieceBytesTest, AKeyOfManyConnectionsSendsAboutAThousandPiecesASecond) {
+  // 1 000 connections of a 10 MB/s key, 10 KB/s each: pieces of about
+  // 10 KB, not 250 B (40 a second each, 40 000 for the key).
+  const uint64_t key_rate = 10'000'000, level = key_rate / 1000;
+  double per_second = 0;
+  for (uint32_t vary = 0; vary < kVarySteps; ++vary) {
+    const uint32_t piece = PieceBytes(level, vary, key_rate);
+    EXPECT_GE(piece, key_rate / 1400) << vary;
+    EXPECT_LE(piece, key_rate / 700 + 1) << vary;
+    per_second += 1000.0 * level / piece / kVarySteps;  // the key's, on average
+  }
+  EXPECT_GT(per_second, 700);
+  EXPECT_LT(per_second, 1400);
+  // Few connections: level / 40 is larger and wins.
+  EXPECT_EQ(PieceBytes(64000, 0, 64000), PieceBytes(64000, 0));
+  EXPECT_EQ(PieceBytes(512000 / 64, 0, 512000), 512000 / 1400);
+  // Any key rate: at most kMaxPieceBytes, no overflow; still 0 when the
+  // level is left to the kernel.
+  EXPECT_EQ(PieceBytes(1000, 7, ~uint64_t{0}), kMaxPieceBytes);
+  EXPECT_EQ(PieceBytes(1000, 7, uint64_t{1} << 50), kMaxPieceBytes);
+  EXPECT_EQ(PieceBytes(kShapeBelowBytesPerSec, 7, ~uint64_t{0}), 0u);
+  EXPECT_EQ(PieceBytes(1000, 7, 0), kMinPieceBytes);
+}
+
 TEST(VaryIndexTest, NeighbouringSlotsGetDifferentSizes) {
   std::set<uint32_t> seen;
   for (uint32_t conn = 0; conn < 16; ++conn) {
