@@ -822,9 +822,9 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
     const uint64_t key_rate =
         k < zone_->key_capacity() ? zone_->KeyRate(zone_->key(k)) : 0;
     local.piece.store(
-        PieceBytes(rate, VaryIndex(index), key_rate,
-                   MinPieceBytes(
-                       governed_here_.load(std::memory_order_relaxed))),
+        PieceBytes(
+            rate, VaryIndex(index), key_rate,
+            MinPieceBytes(governed_here_.load(std::memory_order_relaxed))),
         std::memory_order_relaxed);
   }
   const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(

@@ -14,7 +14,7 @@ constexpr uint64_t kKeySlowDivisor = kKeyPiecesPerSecond * 7 / 5;
 }  // namespace
 
 uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate,
-                   uint32_t least) {
+                    uint32_t least) {
   if (level == 0 || level >= kShapeBelowBytesPerSec) return 0;
   if (vary >= kVarySteps) vary = kVarySteps - 1;
   // level < 2^22 here, so the product cannot overflow.

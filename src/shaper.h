@@ -124,7 +124,7 @@ inline uint32_t VaryIndex(uint32_t conn_index) {
 // 0 from kShapeBelowBytesPerSec up.
 // `least`: the smallest piece (MinPieceBytes), kMinPieceBytes unless given.
 uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate = 0,
-                   uint32_t least = kMinPieceBytes);
+                    uint32_t least = kMinPieceBytes);
 
 // Cuts one call of `total` bytes into pieces, in order. A small value: copy
 // it to plan ahead, and replay the pieces the kernel took on the original.

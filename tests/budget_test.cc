@@ -237,8 +237,8 @@ class Sim {
     // The first flight is the initial window: 10 segments, unpaced (10
     // first pieces through the shaper).
     if (c.segs_out < 10) {
-      size = std::min(size, shaped_ ? kFirstPieceBytes
-                                    : (10 - c.segs_out) * kMss);
+      size =
+          std::min(size, shaped_ ? kFirstPieceBytes : (10 - c.segs_out) * kMss);
     }
     if (c.demand != kInf) size = std::min(size, c.credit);
     const double least = shaped_ ? kFirstPieceBytes : kMss;

@@ -83,8 +83,8 @@ TEST(PieceBytesTest, TheSmallestPieceGrowsWithTheConnectionsOfAProcess) {
   // larger, so that the process's packets a second stay about the same.
   EXPECT_EQ(PieceBytes(2048, 0, 2048, MinPieceBytes(1000)), kMinPieceBytes);
   const uint32_t governed = 25000;
-  const double packets = governed * 2048.0 /
-                         PieceBytes(2048, 0, 2048, MinPieceBytes(governed));
+  const double packets =
+      governed * 2048.0 / PieceBytes(2048, 0, 2048, MinPieceBytes(governed));
   EXPECT_LT(packets, 2500 * 2048.0 / kMinPieceBytes * 1.01);
   // A level whose own pieces are larger keeps them.
   EXPECT_EQ(PieceBytes(1'000'000, 0, 1'000'000, MinPieceBytes(governed)),
