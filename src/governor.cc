@@ -821,11 +821,8 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
     const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
     const uint64_t key_rate =
         k < zone_->key_capacity() ? zone_->KeyRate(zone_->key(k)) : 0;
-    local.piece.store(
-        PieceBytes(
-            rate, VaryIndex(index), key_rate,
-            MinPieceBytes(governed_here_.load(std::memory_order_relaxed))),
-        std::memory_order_relaxed);
+    local.piece.store(PieceBytes(rate, VaryIndex(index), key_rate),
+                      std::memory_order_relaxed);
   }
   const_cast<ConnSlotShm&>(conn).share_bytes_per_sec.store(
       rate, std::memory_order_relaxed);
@@ -1391,13 +1388,10 @@ void Governor::ExpireIdle(int64_t now_ns) {
   // at once (ApplyIfChanged).
   const uint32_t tick = BudgetTickOf(now_ns);
   bool push = false;
-  uint32_t governed = 0;
-  int fd = 0;
-  for (; fd < high_water; ++fd) {
+  for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
     if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
-    ++governed;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (!budget && visit != 0 && static_cast<int32_t>(tick - visit) < 0) {
       continue;
@@ -1420,11 +1414,6 @@ void Governor::ExpireIdle(int64_t now_ns) {
     // Not later than the pass after it (ticks are a little coarser).
     const uint32_t next = quiet_until > now_ns ? BudgetTickOf(quiet_until) : 0;
     entry.visit_tick.store(next, std::memory_order_relaxed);
-  }
-  // Equal mode's count (budget mode's is TickBudget's); a pass cut short
-  // counted only part.
-  if (!budget && fd >= high_water) {
-    governed_here_.store(governed, std::memory_order_relaxed);
   }
   if (push) zone_->WakeWatchers();
 }

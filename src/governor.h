@@ -489,9 +489,6 @@ class Governor {
   std::atomic<int64_t> drain_due_ns_[kDrainSlots] = {};
   static constexpr int kMaxKeptDrains = 256;
   std::atomic<int> kept_drains_{0};
-  // The connections this process governs, as the watcher last counted
-  // them (MinPieceBytes).
-  std::atomic<uint32_t> governed_here_{0};
   // The host's epoll fds + 1 (0: free); epolls_unknown_ once there were
   // more than fit, and then no fd is kept.
   static constexpr int kMaxEpolls = 16;

@@ -227,7 +227,6 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   if (push) zone_->WakeWatchers();
   if (cpu_.Due(now_ns)) {
     cpu_.Update(now_ns, ThreadCpuNs(), governed);
-    governed_here_.store(governed, std::memory_order_relaxed);
     if (me < zone_->proc_capacity()) {
       ProcSlotShm& proc = zone_->proc(me);
       proc.watcher_cpu.store(

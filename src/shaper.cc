@@ -13,8 +13,7 @@ constexpr uint64_t kKeySlowDivisor = kKeyPiecesPerSecond * 7 / 5;
 
 }  // namespace
 
-uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate,
-                    uint32_t least) {
+uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate) {
   if (level == 0 || level >= kShapeBelowBytesPerSec) return 0;
   if (vary >= kVarySteps) vary = kVarySteps - 1;
   // level < 2^22 here, so the product cannot overflow.
@@ -26,7 +25,6 @@ uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate,
           ? kMaxPieceBytes
           : key_rate * (kVarySteps + vary) / (kVarySteps * kKeySlowDivisor);
   if (piece < key_floor) piece = key_floor;
-  if (piece < least) piece = least;
   if (piece < kMinPieceBytes) piece = kMinPieceBytes;
   if (piece > kMaxPieceBytes) piece = kMaxPieceBytes;
   return static_cast<uint32_t>(piece);

@@ -64,22 +64,6 @@ inline constexpr uint32_t kVarySteps = 64;
 // otherwise be 400 000 packets a second).
 inline constexpr uint32_t kKeyPiecesPerSecond = 1000;
 
-// Connections a process may govern before the shaper's smallest piece
-// grows: with more, the smallest piece grows in proportion, so that the
-// packets a process's slow connections send stay about what this many
-// send at 256-byte pieces (10 000 connections of 2 KB/s in one process
-// would be 80 000 packets a second, more than two cores send and take in
-// on loopback: the rates fell to 0.44x; the 1 s windows of such slow
-// connections are coarser instead).
-inline constexpr uint32_t kConnsPerMinPiece = 2500;
-
-// The smallest piece for a process that governs `governed` connections.
-inline uint32_t MinPieceBytes(uint32_t governed) {
-  const uint64_t steps = 1 + governed / kConnsPerMinPiece;
-  const uint64_t least = uint64_t{kMinPieceBytes} * steps;
-  return least < kMaxPieceBytes ? static_cast<uint32_t>(least) : kMaxPieceBytes;
-}
-
 // How one connection's sends are cut. piece == 0 and first_left == 0:
 // unshaped, the call goes to the kernel whole.
 struct Shape {
@@ -122,9 +106,7 @@ inline uint32_t VaryIndex(uint32_t conn_index) {
 // to kVarySteps - 1, and at least about key_rate / kKeyPiecesPerSecond
 // (varied the same way); at least kMinPieceBytes, at most kMaxPieceBytes;
 // 0 from kShapeBelowBytesPerSec up.
-// `least`: the smallest piece (MinPieceBytes), kMinPieceBytes unless given.
-uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate = 0,
-                    uint32_t least = kMinPieceBytes);
+uint32_t PieceBytes(uint64_t level, uint32_t vary, uint64_t key_rate = 0);
 
 // Cuts one call of `total` bytes into pieces, in order. A small value: copy
 // it to plan ahead, and replay the pieces the kernel took on the original.

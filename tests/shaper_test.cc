@@ -73,24 +73,6 @@ TEST(PieceBytesTest, AKeyOfManyConnectionsSendsAboutAThousandPiecesASecond) {
   EXPECT_EQ(PieceBytes(1000, 7, 0), kMinPieceBytes);
 }
 
-TEST(PieceBytesTest, TheSmallestPieceGrowsWithTheConnectionsOfAProcess) {
-  EXPECT_EQ(MinPieceBytes(0), kMinPieceBytes);
-  EXPECT_EQ(MinPieceBytes(kConnsPerMinPiece - 1), kMinPieceBytes);
-  EXPECT_EQ(MinPieceBytes(kConnsPerMinPiece), 2 * kMinPieceBytes);
-  EXPECT_EQ(MinPieceBytes(10 * kConnsPerMinPiece), 11 * kMinPieceBytes);
-  EXPECT_EQ(MinPieceBytes(UINT32_MAX), kMaxPieceBytes);
-  // 2 KB/s connections: 256-byte pieces up to 2 500 connections, then
-  // larger, so that the process's packets a second stay about the same.
-  EXPECT_EQ(PieceBytes(2048, 0, 2048, MinPieceBytes(1000)), kMinPieceBytes);
-  const uint32_t governed = 25000;
-  const double packets =
-      governed * 2048.0 / PieceBytes(2048, 0, 2048, MinPieceBytes(governed));
-  EXPECT_LT(packets, 2500 * 2048.0 / kMinPieceBytes * 1.01);
-  // A level whose own pieces are larger keeps them.
-  EXPECT_EQ(PieceBytes(1'000'000, 0, 1'000'000, MinPieceBytes(governed)),
-            PieceBytes(1'000'000, 0));
-}
-
 TEST(VaryIndexTest, NeighbouringSlotsGetDifferentSizes) {
   std::set<uint32_t> seen;
   for (uint32_t conn = 0; conn < 16; ++conn) {
