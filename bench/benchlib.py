@@ -299,12 +299,9 @@ def shaper_cost(srv):
     if not srv.zone:
         return {}
     try:
-        st = harness.stat_json(srv.zone)
-    except (RuntimeError, ValueError, OSError):
+        cost = harness.shaper_counts(srv.zone)
+    except (RuntimeError, ValueError, OSError, KeyError):
         return {}
-    procs = st.get("processes", [])
-    cost = {k: sum(p.get(k, 0) for p in procs)
-            for k in ("shaped_calls", "shaper_syscalls", "shaped_pieces")}
     out = subprocess.run(["ss", "-tinH", "state", "established",
                           "( sport = :%d )" % srv.port],
                          capture_output=True, text=True, timeout=20).stdout

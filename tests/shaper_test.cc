@@ -21,6 +21,15 @@ std::vector<size_t> Pieces(const Shape& shape, size_t total) {
   return pieces;
 }
 
+// A connection's shape on an Ethernet path (MSS 1448).
+Shape ShapeOf(uint32_t piece, uint32_t first_left = 0) {
+  Shape shape;
+  shape.piece = piece;
+  shape.mss = 1448;
+  shape.first_left = first_left;
+  return shape;
+}
+
 size_t Sum(const std::vector<size_t>& pieces) {
   size_t sum = 0;
   for (size_t p : pieces) sum += p;
@@ -83,11 +92,7 @@ TEST(VaryIndexTest, NeighbouringSlotsGetDifferentSizes) {
 }
 
 TEST(PieceCursorTest, AnEmptyCallIsNeverCut) {
-  Shape shape;
-  shape.piece = 5000;
-  shape.mss = 1448;
-  shape.first_left = kFirstPieces;
-  PieceCursor cursor(shape, 0);
+  PieceCursor cursor(ShapeOf(5000, kFirstPieces), 0);
   EXPECT_FALSE(cursor.Cut());
   EXPECT_EQ(cursor.Next(), 0u);
 }
@@ -101,9 +106,7 @@ TEST(PieceCursorTest, UnshapedCallGoesWhole) {
 }
 
 TEST(PieceCursorTest, LevelPiecesCoverTheCallAndNeverEndInASmallTail) {
-  Shape shape;
-  shape.piece = 5000;
-  shape.mss = 1448;
+  const Shape shape = ShapeOf(5000);
   for (size_t total :
        {1u, 1447u, 5000u, 5001u, 6447u, 6448u, 6449u, 20000u, 123457u}) {
     const std::vector<size_t> pieces = Pieces(shape, total);
@@ -122,19 +125,12 @@ TEST(PieceCursorTest, PiecesBelowOneMssKeepTheirSize) {
   // A level so low that its piece is under one MSS: every piece but the
   // last is that size (taking a tail along would make a piece up to six
   // times larger).
-  Shape shape;
-  shape.piece = 256;
-  shape.mss = 1448;
-  const std::vector<size_t> pieces = Pieces(shape, 1000);
+  const std::vector<size_t> pieces = Pieces(ShapeOf(256), 1000);
   EXPECT_EQ(pieces, (std::vector<size_t>{256, 256, 256, 232}));
 }
 
 TEST(PieceCursorTest, FirstPiecesAreTinyThenTheLevelsPieces) {
-  Shape shape;
-  shape.piece = 3000;
-  shape.mss = 1448;
-  shape.first_left = kFirstPieces;
-  PieceCursor cursor(shape, 20000);
+  PieceCursor cursor(ShapeOf(3000, kFirstPieces), 20000);
   std::vector<size_t> pieces;
   while (size_t piece = cursor.Next()) pieces.push_back(piece);
   EXPECT_EQ(cursor.first_used(), kFirstPieces);
@@ -147,19 +143,15 @@ TEST(PieceCursorTest, FirstPiecesAreTinyThenTheLevelsPieces) {
 }
 
 TEST(PieceCursorTest, FirstPiecesOfAFastConnectionThenTheRestWhole) {
-  Shape shape;
-  shape.mss = 1448;
-  shape.first_left = 4;  // six went already
-  const std::vector<size_t> pieces = Pieces(shape, 100000);
+  // Six went already.
+  const std::vector<size_t> pieces = Pieces(ShapeOf(0, 4), 100000);
   EXPECT_EQ(pieces, (std::vector<size_t>{100, 100, 100, 100, 99600}));
 }
 
 TEST(PieceCursorTest, ShortResponseIsNotCutIntoFirstPieces) {
   // What would follow ten first pieces is under one MSS: Nagle could hold
   // that tail a round trip. The response goes as the host wrote it.
-  Shape shape;
-  shape.mss = 1448;
-  shape.first_left = kFirstPieces;
+  const Shape shape = ShapeOf(0, kFirstPieces);
   for (size_t total : {1u, 300u, 1200u, 2448u}) {
     PieceCursor cursor(shape, total);
     EXPECT_FALSE(cursor.Cut()) << total;
@@ -170,10 +162,7 @@ TEST(PieceCursorTest, ShortResponseIsNotCutIntoFirstPieces) {
 }
 
 TEST(PieceCursorTest, MaxLimitsAPieceAndCopiesReplay) {
-  Shape shape;
-  shape.piece = 4000;
-  shape.mss = 1448;
-  PieceCursor cursor(shape, 10000);
+  PieceCursor cursor(ShapeOf(4000), 10000);
   const PieceCursor before = cursor;
   EXPECT_EQ(cursor.Next(1500), 1500u);
   EXPECT_EQ(cursor.left(), 8500u);

@@ -41,6 +41,18 @@ def stat_json(zone, timeout=10.0):
     return json.loads(cp.stdout)
 
 
+# The packet shaper's counters in each process of `stat --json`.
+SHAPER_COUNTERS = ("shaped_calls", "shaped_pieces", "shaper_syscalls")
+
+
+def shaper_counts(zone):
+    """The packet shaper's counters in `trafficrate stat --json`, summed over
+    the zone's processes: the host's calls it cut, the MSG_EOR pieces they
+    went out as, the system calls it made. Read while the server runs."""
+    procs = stat_json(zone)["processes"]
+    return {k: sum(p.get(k, 0) for p in procs) for k in SHAPER_COUNTERS}
+
+
 def wait_key_count(zone, key, connections, timeout):
     """Poll stat until the key has `connections` connections; returns
     (seconds waited or None on timeout, last key entry)."""

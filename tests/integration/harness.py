@@ -36,8 +36,8 @@ the code lives in sibling modules and is re-exported here:
     the served file's bytes (SHA-256 of what arrived vs the file's bytes at
     the same place). check_bodies(downloads) / body_problems() judge
     chosen ones now.
-  * cli_tools.py: run_cli(), stat_json(), key_stat(), wait_key_count(),
-    placed_ports().
+  * cli_tools.py: run_cli(), stat_json(), key_stat(), shaper_counts(),
+    wait_key_count(), placed_ports().
   * demo.py: the live demo and this file's command line (main()).
 
 Throughput runs must happen in a private network namespace whose loopback has
@@ -51,8 +51,8 @@ import sys
 from bodies import LEDGER, Body
 from bodies import check as check_bodies
 from bodies import problems as body_problems
-from cli_tools import (key_stat, placed_ports, run_cli, stat_json,
-                       wait_key_count)
+from cli_tools import (key_stat, placed_ports, run_cli, shaper_counts,
+                       stat_json, wait_key_count)
 from budget_clients import PacedDownload
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
                      KeepaliveDownload, Measurement, PausingDownload,

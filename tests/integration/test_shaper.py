@@ -163,17 +163,6 @@ class Run:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-SHAPER_COUNTERS = ("shaped_calls", "shaped_pieces", "shaper_syscalls")
-
-
-def shaper_counts(zone):
-    """The packet shaper's counters in `trafficrate stat --json`, summed over
-    the zone's processes: the host's calls it cut, the MSG_EOR pieces they
-    went out as, the system calls it made. Read while the server runs."""
-    procs = harness.stat_json(zone)["processes"]
-    return {k: sum(p.get(k, 0) for p in procs) for k in SHAPER_COUNTERS}
-
-
 def shaped(counts, min_pieces=100):
     """The shaper cut calls into at least min_pieces pieces. (Not "more
     pieces than calls": on a full non-blocking socket a cut call may send
@@ -244,7 +233,7 @@ def big_mtu(test_namespace, webroot):
         sleep_until(max(r["base"] for r in results.values()) + BIG_MTU_SECONDS + 0.1)
         run.stop()
         for r in results.values():
-            r["shaper"] = shaper_counts(r["server"].zone)
+            r["shaper"] = harness.shaper_counts(r["server"].zone)
         tso = harness.sysctl("net.ipv4.tcp_tso_rtt_log")
         for r in results.values():
             dset, base = r["dset"], r["base"]
@@ -459,7 +448,7 @@ def rates(test_namespace, webroot):
         sleep_until(t_end + 0.1)
         run.stop()
         for s in scenarios.values():
-            s["shaper"] = shaper_counts(s["server"].zone)
+            s["shaper"] = harness.shaper_counts(s["server"].zone)
             s["found"], s["summary"] = harness.body_problems(
                 s["dset"].downloads + ([s["shorts"]] if "shorts" in s else []))
         for name in MANY_VARIANTS:
@@ -607,7 +596,7 @@ def byte_runs(test_namespace, webroot):
     per way (its own zone, so that the shaper's counters tell the ways
     apart) and nginx (sendfile on); at 8m one send_paths_server.py for every
     way and nginx. Returns {"cases": {case id: dict}, "shaper": {case id or
-    "high-py": shaper_counts() of its server}}."""
+    "high-py": harness.shaper_counts() of its server}}."""
     run = Run(webroot, "bytes")
     root = run.workdir / "shape"
     root.mkdir(mode=0o755)
@@ -670,7 +659,7 @@ def byte_runs(test_namespace, webroot):
             r["output"] = r["server"].output()[-3000:]
         for key, server in servers.items():
             counts[key if isinstance(key, str) else "%s-%s" % key] = \
-                shaper_counts(server.zone)
+                harness.shaper_counts(server.zone)
     finally:
         run.close()
     return {"cases": results, "shaper": counts}
