@@ -693,13 +693,11 @@ def bigmtu(bench):
     rate, seconds = "200k", 6.0 if bench.quick else 12.0
     target = harness.parse_rate(rate)
     old_mtu = harness.interface_mtu("lo")
-    subprocess.run(["ip", "link", "set", "lo", "mtu", "65536"], check=True,
-                   timeout=10, capture_output=True)
+    harness.set_interface_mtu(65536)
     try:
         runs, _ = side_by_side(bench, rate, lambda srv: long_specs(3), seconds)
     finally:
-        subprocess.run(["ip", "link", "set", "lo", "mtu", str(old_mtu)], check=True,
-                       timeout=10, capture_output=True)
+        harness.set_interface_mtu(old_mtu)
     figs = {}
     for mode, run in runs.items():
         if failed_run(bench, "bigmtu", mode, run):

@@ -7,12 +7,13 @@ it in fixtures) and scripts/demo.sh (`harness.py demo ...`).
 This module is the one the tests import (`import harness`, then harness.X);
 the code lives in sibling modules and is re-exported here:
   * netns_env.py, environment: build_dir(), library_path(), cli_path(),
-    namespace_problems(), sysctl(); zones: unique_zone(), zone_path(),
-    remove_zone(), preload_env(); files: make_workdir(), make_webroot()
-    (big.bin: 256 MiB, medium.bin: 384 KiB, both seeded pseudo-random
-    bytes; small.txt), free_port(); what they hold: BIG_CONTENT,
-    MEDIUM_CONTENT, SMALL_CONTENT (sha256(n) of any prefix, cached),
-    content_for(path), register_content() for a test's own files.
+    namespace_problems(), sysctl(), set_interface_mtu(); zones:
+    unique_zone(), zone_path(), remove_zone(), preload_env(); files:
+    make_workdir(), make_webroot() (big.bin: 256 MiB, medium.bin: 384 KiB,
+    both seeded pseudo-random bytes; small.txt), free_port(); what they
+    hold: BIG_CONTENT, MEDIUM_CONTENT, SMALL_CONTENT (sha256(n) of any
+    prefix, cached), content_for(path), register_content() for a test's
+    own files.
   * procs.py, processes by pid: wait_for(), pid_alive(), proc_starttime(),
     children(), descendants(), kill_pid().
   * servers.py: NginxServer (real Debian nginx, master + N workers, daemon
@@ -70,7 +71,7 @@ from netns_env import (BIG_CONTENT, BIG_FILE, BIG_FILE_SIZE, MEDIUM_CONTENT,
                        interface_up, library_path, make_webroot, make_workdir,
                        namespace_problems, parse_rate, preload_env,
                        register_content, remove_zone, server_environment,
-                       sysctl, unique_zone, zone_path)
+                       set_interface_mtu, sysctl, unique_zone, zone_path)
 from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
                    proc_starttime, wait_for)
 from servers import (ApacheServer, LighttpdServer, NginxServer, NodeServer,

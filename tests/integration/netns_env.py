@@ -29,6 +29,7 @@ import re
 import shutil
 import socket
 import struct
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -88,6 +89,12 @@ def interface_mtu(name="lo"):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         req = struct.pack("16si12x", name.encode(), 0)
         return struct.unpack("16si12x", fcntl.ioctl(s.fileno(), _SIOCGIFMTU, req))[1]
+
+
+def set_interface_mtu(mtu, name="lo"):
+    """Sets an interface's MTU in this network namespace (ip link)."""
+    subprocess.run(["ip", "link", "set", name, "mtu", str(mtu)], check=True,
+                   timeout=10, capture_output=True)
 
 
 def interface_up(name="lo"):

@@ -64,7 +64,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -201,11 +200,6 @@ BIG_MTU_UNSHAPED_FIRST_MIN = 2.0
 BIG_MTU_VARIANTS = {"shaped": (None, "127.0.0.2"), "unshaped": ("0", "127.0.0.3")}
 
 
-def set_lo_mtu(mtu):
-    subprocess.run(["ip", "link", "set", "lo", "mtu", str(mtu)], check=True,
-                   timeout=10, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def big_mtu(test_namespace, webroot):
     """lo at MTU 65 536 for this phase only: nginx (2 workers) at 200k, one
@@ -217,7 +211,7 @@ def big_mtu(test_namespace, webroot):
     old_mtu = harness.interface_mtu("lo")
     results = {}
     try:
-        set_lo_mtu(BIG_MTU)
+        harness.set_interface_mtu(BIG_MTU)
         assert harness.interface_mtu("lo") == BIG_MTU
         for variant, (shape, client) in BIG_MTU_VARIANTS.items():
             server = run.nginx(run.zone(variant), BIG_MTU_RATE, shape=shape)
@@ -255,7 +249,7 @@ def big_mtu(test_namespace, webroot):
                            "\n".join(dset.errors())))
     finally:
         run.close()
-        set_lo_mtu(old_mtu)
+        harness.set_interface_mtu(old_mtu)
     assert not harness.namespace_problems(), "lo not restored to MTU 1500"
     return results
 
