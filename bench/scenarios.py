@@ -759,12 +759,12 @@ def manyclients(bench):
             workers = srv.worker_pids()
 
             def hook(when, workers=workers):
-                marks = {str(pid): {"process": thread_cpu(pid),
-                                    "watchers": {str(t): thread_cpu(pid, t)
-                                                 for t in watcher_tids(pid)}}
-                         for pid in workers}
-                marks["machine"] = machine_ticks()
-                return marks
+                return {"workers": {str(pid): {
+                            "process": thread_cpu(pid),
+                            "watchers": {str(t): thread_cpu(pid, t)
+                                         for t in watcher_tids(pid)}}
+                            for pid in workers},
+                        "machine": machine_ticks()}
             run = drive(bench, srv, specs, window, warm=warm, max_opening=256,
                         connect_timeout=60.0, hook=hook)
         for e in run.errors[:5]:
@@ -778,12 +778,10 @@ def manyclients(bench):
         open_at_end = sum(run.split.values())
         watcher = process = 0.0
         missing = []
-        irq_share = interrupt_share(run.marks["start"].get("machine"),
-                                    run.marks["end"].get("machine"))
-        for pid, start in run.marks["start"].items():
-            if pid == "machine":
-                continue
-            end_ = run.marks["end"].get(pid, {})
+        irq_share = interrupt_share(run.marks["start"]["machine"],
+                                    run.marks["end"]["machine"])
+        for pid, start in run.marks["start"]["workers"].items():
+            end_ = run.marks["end"]["workers"].get(pid, {})
             if start["process"] is not None and end_.get("process") is not None:
                 process += end_["process"] - start["process"]
             for tid, t_start in start["watchers"].items():
@@ -792,8 +790,8 @@ def manyclients(bench):
                     missing.append("%s/%s" % (pid, tid))
                 else:
                     watcher += t_end - t_start
-        n_watchers = sum(len(v["watchers"]) for k, v in run.marks["start"].items()
-                         if k != "machine")
+        n_watchers = sum(len(v["watchers"])
+                         for v in run.marks["start"]["workers"].values())
         seconds = run.t1 - run.t0
         per10k = 10000.0 / max(1, open_at_end or connected)
         r = {"total": round(total, 4),
