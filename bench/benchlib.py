@@ -35,6 +35,7 @@ import pickle
 import re
 import select
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -837,6 +838,105 @@ def process_cpu(pid):
         except (OSError, ValueError, IndexError):
             pass  # a thread that ended in between
     return total / 1e9
+
+
+# Hard and soft interrupt entry/exit tracepoints (x86). Without IRQ time
+# accounting (Debian's kernels, this one) a thread's run time includes the
+# interrupts handled while it runs: on loopback, the kernel sending paced
+# packets and the client receiving them, work that would run anyway and that
+# the kernel charges to whatever is on the CPU.
+IRQ_EVENTS = ("irq:softirq", "irq:irq_handler", "irq_vectors:local_timer",
+              "irq_vectors:call_function", "irq_vectors:call_function_single",
+              "irq_vectors:reschedule")
+
+
+class InterruptTrace:
+    """The time some threads spend in interrupt context, measured exactly:
+    `perf record` of the kernel's irq and softirq entry/exit tracepoints on
+    just those threads, from start until stop(); nested interrupts (a timer
+    during a softirq) are counted once. If perf is missing or refuses,
+    stop() returns None and `error` says why."""
+
+    def __init__(self, tids, workdir):
+        self.tids = [int(t) for t in tids]
+        self.error = None
+        self.proc = None
+        self.data = Path(workdir) / ("irq-%d.perf" % os.getpid())
+        perf = shutil.which("perf")
+        if not self.tids:
+            self.error = "no threads to trace"
+        elif perf is None:
+            self.error = "perf not found (Debian package linux-perf)"
+        else:
+            events = []
+            for e in IRQ_EVENTS:
+                events += ["-e", e + "_entry", "-e", e + "_exit"]
+            self.proc = subprocess.Popen(
+                [perf, "record", "-q", "-o", str(self.data), "-t",
+                 ",".join(str(t) for t in self.tids)] + events,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            # Attached once it has written its header (bounded wait).
+            deadline = time.monotonic() + 3.0
+            while (self.proc.poll() is None and time.monotonic() < deadline
+                   and not (self.data.exists() and self.data.stat().st_size > 0)):
+                time.sleep(0.05)
+            if self.proc.poll() is not None:
+                self._failed(self.proc.stderr.read())
+
+    def _failed(self, stderr):
+        lines = [x for x in stderr.decode(errors="replace").splitlines() if x.strip()]
+        self.error = "perf record failed: %s" % " ".join(lines[:2])
+        self.proc = None
+
+    def stop(self):
+        """{tid: seconds in interrupt context}, or None (see error)."""
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            self.error = "perf record did not stop"
+            return None
+        if self.proc.returncode not in (0, -signal.SIGINT) or b"Error" in err:
+            self._failed(err)
+            return None
+        try:
+            out = subprocess.run(
+                ["perf", "script", "-i", str(self.data), "--ns", "-F",
+                 "tid,time,event"], capture_output=True, text=True,
+                timeout=120).stdout
+        except (OSError, subprocess.SubprocessError) as e:
+            self.error = "perf script: %s" % e
+            return None
+        finally:
+            try:
+                self.data.unlink()
+            except OSError:
+                pass
+        depth, since, spent = {}, {}, {t: 0.0 for t in self.tids}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            try:
+                tid, at = int(parts[0]), float(parts[1].rstrip(":"))
+            except ValueError:
+                continue
+            event = parts[2].rstrip(":")
+            if event.endswith("_entry"):
+                if depth.get(tid, 0) == 0:
+                    since[tid] = at
+                depth[tid] = depth.get(tid, 0) + 1
+            elif event.endswith("_exit") and depth.get(tid, 0) > 0:
+                depth[tid] -= 1
+                if depth[tid] == 0:
+                    spent[tid] = spent.get(tid, 0.0) + at - since.pop(tid)
+        # No event at all: no interrupt came while they ran (an upper bound
+        # for their own CPU either way).
+        return spent
 
 
 def watcher_tids(pid, name="trafficrate"):

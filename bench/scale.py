@@ -23,7 +23,8 @@ import select
 import subprocess
 import time
 
-from benchlib import BIG_FILE, SERVER_HOST, harness, jain, log, median, row, thread_cpu, watcher_tids
+from benchlib import (BIG_FILE, SERVER_HOST, InterruptTrace, harness, jain, log, median, row,
+                      thread_cpu, watcher_tids)
 
 STAGES = (1000, 5000, 10000, 25000, 50000)
 QUICK_STAGES = (1000, 5000)
@@ -166,67 +167,88 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
         try:
             held_before = 0
             for n, window in zip(stages, windows):
-                # The watchers' CPU while the new connections open and join.
-                c_open = _cpu(workers)
-                held, failed, took = clients.open(n, timeout=30.0 + n / 500.0)
-                time.sleep(settle)
-                c0, m0 = _cpu(workers), clients.mark()
-                joining, _ = _cpu_spent(c_open, c0)
-                f = {"connections": n, "keys": clients_at(n), "open_s": round(took, 2),
-                     "joined": held - held_before,
-                     "watcher_cpu_s_while_joining": round(joining, 3),
-                     "watcher_us_per_join": round(1e6 * joining / max(1, held - held_before), 1)}
-                held_before = held
-                if window:
-                    s0 = clients.sources() if n == stages[-1] else None
-                    time.sleep(window)
-                    c1, m1 = _cpu(workers), clients.mark()
-                    s1 = clients.sources() if n == stages[-1] else None
-                    seconds = m1[0] - m0[0]
-                    watcher, process = _cpu_spent(c0, c1)
-                    f.update({
-                        "window_s": round(seconds, 2),
-                        "total": round((m1[1] - m0[1]) / seconds / (f["keys"] * target), 4),
-                        "watcher_cpu_pct": round(100.0 * watcher / seconds, 3),
-                        "watcher_cpu_pct_per_10k": round(
-                            100.0 * watcher / seconds * 10000.0 / max(1, m1[2]), 3),
-                        "workers_cpu_pct": round(100.0 * process / seconds, 1)})
-                    if s0 is not None:
-                        per_key = sorted((b - a) / seconds / target
-                                         for a, b in zip(s0[:f["keys"]], s1))
-                        f["per_key"] = {"min": round(per_key[0], 3),
-                                        "median": round(median(per_key), 3),
-                                        "max": round(per_key[-1], 3),
-                                        "jain": round(jain(per_key), 4)}
-                else:
-                    m1 = m0
-                f.update({"held": m1[2], "failed": m1[3], "bad_status": m1[4]})
-                rss = {str(pid): _status_kb(pid) for pid in workers}
-                f.update({"rss_kb": rss,
-                          "rss_total_kb": sum(r.get("VmRSS", 0) for r in rss.values()),
-                          "rss_anon_kb": sum(r.get("RssAnon", 0) for r in rss.values()),
-                          "rss_shmem_kb": sum(r.get("RssShmem", 0) for r in rss.values())})
-                if srv.zone:
-                    f["zone_used"] = bench.stat(srv)
-                    if not figs:
-                        st = harness.stat_json(srv.zone)
-                        f["zone_geometry"] = {"size": st["size"],
-                                              "capacity": st["capacity"]}
-                figs.append(f)
-                log("  %-5s %-10s %6d conns (%d held, %d failed, opened in %.1f s, "
-                    "watchers %.0f us per join)%s; RSS %.0f MiB (anon %.0f, shmem %.0f)%s"
-                    % (name, mode, n, f["held"], f["failed"], took,
-                       f["watcher_us_per_join"],
-                       ": total %.3fx of %d x %s; watcher %.2f%% of a core (%.2f%% per "
-                       "10k); workers %.0f%%" % (
-                           f["total"], f["keys"], rate, f["watcher_cpu_pct"],
-                           f["watcher_cpu_pct_per_10k"], f["workers_cpu_pct"])
-                       if window else "",
-                       f["rss_total_kb"] / 1024.0, f["rss_anon_kb"] / 1024.0,
-                       f["rss_shmem_kb"] / 1024.0,
-                       "; per key min/median/max %.2f/%.2f/%.2f" % (
-                           f["per_key"]["min"], f["per_key"]["median"],
-                           f["per_key"]["max"]) if "per_key" in f else ""))
+                try:
+                    # The watchers' CPU while the new connections open and join.
+                    c_open = _cpu(workers)
+                    held, failed, took = clients.open(n, timeout=30.0 + n / 500.0)
+                    time.sleep(settle)
+                    c0, m0 = _cpu(workers), clients.mark()
+                    joining, _ = _cpu_spent(c_open, c0)
+                    f = {"connections": n, "keys": clients_at(n), "open_s": round(took, 2),
+                         "joined": held - held_before,
+                         "watcher_cpu_s_while_joining": round(joining, 3),
+                         "watcher_us_per_join": round(1e6 * joining / max(1, held - held_before), 1)}
+                    held_before = held
+                    if window:
+                        s0 = clients.sources() if n == stages[-1] else None
+                        tids = [t for _, w in c0.values() for t in w]
+                        trace = InterruptTrace(tids, bench.workdir) if tids else None
+                        time.sleep(window)
+                        irq_s = trace.stop() if trace else {}
+                        c1, m1 = _cpu(workers), clients.mark()
+                        s1 = clients.sources() if n == stages[-1] else None
+                        seconds = m1[0] - m0[0]
+                        watcher, process = _cpu_spent(c0, c1)
+                        if irq_s is None:
+                            bench.warn("scale %s %d: the watchers' interrupt time is "
+                                       "not known (%s)" % (name, n, trace.error))
+                        f.update({
+                            "watcher_own_cpu_pct_per_10k": None if irq_s is None else round(
+                                100.0 * max(0.0, watcher - sum(irq_s.values())) / seconds
+                                * 10000.0 / max(1, m1[2]), 3),
+                            "window_s": round(seconds, 2),
+                            "total": round((m1[1] - m0[1]) / seconds / (f["keys"] * target), 4),
+                            "watcher_cpu_pct": round(100.0 * watcher / seconds, 3),
+                            "watcher_cpu_pct_per_10k": round(
+                                100.0 * watcher / seconds * 10000.0 / max(1, m1[2]), 3),
+                            "workers_cpu_pct": round(100.0 * process / seconds, 1)})
+                        if s0 is not None:
+                            per_key = sorted((b - a) / seconds / target
+                                             for a, b in zip(s0[:f["keys"]], s1))
+                            f["per_key"] = {"min": round(per_key[0], 3),
+                                            "median": round(median(per_key), 3),
+                                            "max": round(per_key[-1], 3),
+                                            "jain": round(jain(per_key), 4)}
+                    else:
+                        m1 = m0
+                    f.update({"held": m1[2], "failed": m1[3], "bad_status": m1[4]})
+                    rss = {str(pid): _status_kb(pid) for pid in workers}
+                    f.update({"rss_kb": rss,
+                              "rss_total_kb": sum(r.get("VmRSS", 0) for r in rss.values()),
+                              "rss_anon_kb": sum(r.get("RssAnon", 0) for r in rss.values()),
+                              "rss_shmem_kb": sum(r.get("RssShmem", 0) for r in rss.values())})
+                    if srv.zone:
+                        f["zone_used"] = bench.stat(srv)
+                        if not figs:
+                            st = harness.stat_json(srv.zone)
+                            f["zone_geometry"] = {"size": st["size"],
+                                                  "capacity": st["capacity"]}
+                    figs.append(f)
+                    log("  %-5s %-10s %6d conns (%d held, %d failed, opened in %.1f s, "
+                        "watchers %.0f us per join)%s; RSS %.0f MiB (anon %.0f, shmem %.0f)%s"
+                        % (name, mode, n, f["held"], f["failed"], took,
+                           f["watcher_us_per_join"],
+                           ": total %.3fx of %d x %s; watcher %.2f%% of a core (%.2f%% per "
+                           "10k, %s outside interrupts); workers %.0f%%" % (
+                               f["total"], f["keys"], rate, f["watcher_cpu_pct"],
+                               f["watcher_cpu_pct_per_10k"],
+                               "n/a" if f["watcher_own_cpu_pct_per_10k"] is None
+                               else "%.2f%%" % f["watcher_own_cpu_pct_per_10k"],
+                               f["workers_cpu_pct"])
+                           if window else "",
+                           f["rss_total_kb"] / 1024.0, f["rss_anon_kb"] / 1024.0,
+                           f["rss_shmem_kb"] / 1024.0,
+                           "; per key min/median/max %.2f/%.2f/%.2f" % (
+                               f["per_key"]["min"], f["per_key"]["median"],
+                               f["per_key"]["max"]) if "per_key" in f else ""))
+                except RuntimeError as e:
+                    # A client too busy to answer (at this stage the machine
+                    # cannot carry the load): the stages so far stand, the
+                    # rest are not measured.
+                    bench.warn("scale %s %d: %s; later stages skipped" % (name, n, e))
+                    figs.append({"connections": n, "keys": clients_at(n),
+                                 "error": str(e)})
+                    break
         finally:
             clients.close()
     return figs
@@ -278,21 +300,29 @@ def scale_rows(raw):
         for f in raw[pop]:
             name = ("%d conns of %d clients" % (f["connections"], f["keys"])
                     if pop == "conns" else "%d keys, 1 conn each" % f["connections"])
+            if "error" in f:
+                add("%s: measured (error: %s)" % (name, f["error"]), None, lo=1, fmt="%.0f")
+                continue
             add("%s: connections held" % name, f["held"], lo=f["connections"], fmt="%.0f")
             add("%s: total / rate" % name, f["total"], lo=0.95, hi=1.05)
             # The allowance of 1% per 10 000 connections is the target where
             # the per-connection work dominates; below 10 000, the visits of
             # fast connections (20-100 KB/s each here) dominate: shown only.
-            add("%s: watcher CPU %% of a core per 10k" % name,
-                f["watcher_cpu_pct_per_10k"],
+            add("%s: watcher run time %% of a core per 10k (interrupts included)"
+                % name, f["watcher_cpu_pct_per_10k"], fmt="%.2f")
+            add("%s: watcher CPU %% of a core per 10k, outside interrupts" % name,
+                f.get("watcher_own_cpu_pct_per_10k"),
                 hi=1.0 if f["connections"] >= 10000 else None, fmt="%.2f")
             add("%s: watcher CPU us per join while opening" % name,
                 f["watcher_us_per_join"], fmt="%.0f")
             if "per_key" in f:
                 add("%s: per-key min / rate" % name, f["per_key"]["min"])
                 add("%s: per-key max / rate" % name, f["per_key"]["max"])
-    lib, bare = raw["conns"][-1], raw["conns_without_library"][-1]
+    # The last stage both populations measured.
+    done = {f["connections"]: f for f in raw["conns_without_library"] if "error" not in f}
+    lib = [f for f in raw["conns"] if "error" not in f and f["connections"] in done][-1]
     n = lib["connections"]
+    bare = done[n]
     add("%d conns: workers' RSS MiB with the library" % n,
         lib["rss_total_kb"] / 1024.0, fmt="%.0f")
     add("%d conns: workers' RSS MiB without (limit_rate)" % n,

@@ -79,8 +79,9 @@ budget_selected() { [[ -z $only ]] || [[ -n $(tr ',' '\n' <<<"$only" | grep -vx 
 
 # trickle: a comparator of the accuracy scenario (bench/README.md, Comparators);
 # python3-matplotlib: bench/report.py's plots; libbenchmark-dev: writepath
-# (only here: the normal build and scripts/test.sh do without).
-trafficrate_install_packages wrk trickle python3-matplotlib libbenchmark-dev
+# (only here: the normal build and scripts/test.sh do without); linux-perf:
+# the watchers' time in interrupts (manyclients, scale), from tracepoints.
+trafficrate_install_packages wrk trickle python3-matplotlib libbenchmark-dev linux-perf
 if [[ -n ${TRAFFICRATE_BUILD_DIR:-} ]]; then
   build_dir=$(realpath -m "$TRAFFICRATE_BUILD_DIR")
   if [[ ! -f $build_dir/CMakeCache.txt ]]; then
