@@ -340,15 +340,10 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
       // (they are no packet of its pace). A visit that comes late sees two
       // packets or more at once, so the smallest step is the packet: a
       // smaller one is taken at once, a larger one a quarter at a time.
-      // Under the shaper every piece is a packet: a step of several (a
-      // measurement spaced out by the CPU stretch) is no larger packet.
-      const uint32_t piece = local.piece.load(std::memory_order_relaxed);
-      const uint64_t most = piece == 0
-                                ? kMaxPacketBytes
-                                : std::max<uint64_t>(piece, kTwoSegmentsBytes);
       const uint32_t before =
           local.packet_bytes.load(std::memory_order_relaxed);
-      const uint32_t seen = static_cast<uint32_t>(std::min(step, most));
+      const uint32_t seen =
+          static_cast<uint32_t>(std::min(step, kMaxPacketBytes));
       local.packet_bytes.store(
           before == 0 ? seen : std::min(seen, before + before / 4),
           std::memory_order_relaxed);
