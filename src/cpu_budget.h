@@ -28,16 +28,13 @@ namespace trafficrate {
 // (0.2% of a core), below which it never stretches.
 inline constexpr int64_t kCpuPerConnNsPerSec = 800;
 inline constexpr int64_t kCpuFloorNsPerSec = 2'000'000;
-// The most the per-connection work is spaced out: 16, and 1 for every
+// The most the per-connection work is spaced out: 8, and 1 for every
 // kCpuStretchConns governed connections. With a few hundred connections
 // what the watcher spends is mostly its ticks' own cost (waking, deciding
 // keys, modelling drains), which spacing their work out would not lower,
-// only slow the controller down. A measurement is a syscall, 1.3-2 us on
-// this machine idle and 5-9 us under load (with the interrupts that come
-// in it): with thousands of slow connections, a stretch of 8 still left
-// the watcher at 2-3% of a core per 10 000.
-inline constexpr double kMaxCpuStretch = 16;
-inline constexpr uint32_t kCpuStretchConns = 250;
+// only slow the controller down.
+inline constexpr double kMaxCpuStretch = 8;
+inline constexpr uint32_t kCpuStretchConns = 500;
 
 class CpuBudget {
  public:

@@ -80,11 +80,11 @@ TEST(CpuBudgetTest, AFewHundredConnectionsAreNeverSpacedOutMuch) {
   Model m{.fixed_ns = 4e6, .spaced_ns = 1e6};
   m.Run(cpu, 40, 30);
   EXPECT_EQ(cpu.stretch(), 1);
-  // 500: at most 2.
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 500);
+  // 1 000: at most 2.
+  for (int i = 0; i < 30; ++i) m.Second(cpu, 1000);
   EXPECT_EQ(cpu.stretch(), 2);
   // Fewer again: the bound comes down with them.
-  m.Second(cpu, 300);
+  m.Second(cpu, 600);
   EXPECT_DOUBLE_EQ(cpu.stretch(), 1.2);
 }
 
