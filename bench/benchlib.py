@@ -862,17 +862,17 @@ class InterruptTrace:
         self.error = None
         self.proc = None
         self.data = Path(workdir) / ("irq-%d.perf" % os.getpid())
-        perf = shutil.which("perf")
+        self.perf = shutil.which("perf")
         if not self.tids:
             self.error = "no threads to trace"
-        elif perf is None:
+        elif self.perf is None:
             self.error = "perf not found (Debian package linux-perf)"
         else:
             events = []
             for e in IRQ_EVENTS:
                 events += ["-e", e + "_entry", "-e", e + "_exit"]
             self.proc = subprocess.Popen(
-                [perf, "record", "-q", "-o", str(self.data), "-t",
+                [self.perf, "record", "-q", "-o", str(self.data), "-t",
                  ",".join(str(t) for t in self.tids)] + events,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             # Attached once it has written its header (bounded wait).
@@ -905,7 +905,7 @@ class InterruptTrace:
             return None
         try:
             out = subprocess.run(
-                ["perf", "script", "-i", str(self.data), "--ns", "-F",
+                [self.perf, "script", "-i", str(self.data), "--ns", "-F",
                  "tid,time,event"], capture_output=True, text=True,
                 timeout=120).stdout
         except (OSError, subprocess.SubprocessError) as e:
@@ -937,6 +937,12 @@ class InterruptTrace:
         # No event at all: no interrupt came while they ran (an upper bound
         # for their own CPU either way).
         return spent
+
+
+def outside_interrupts(run_s, irq_s):
+    """Threads' CPU seconds outside interrupts: their run time run_s less
+    what InterruptTrace.stop() returned for them; None if that is None."""
+    return None if irq_s is None else max(0.0, run_s - sum(irq_s.values()))
 
 
 def watcher_tids(pid, name="trafficrate"):

@@ -23,8 +23,8 @@ import select
 import subprocess
 import time
 
-from benchlib import (BIG_FILE, SERVER_HOST, InterruptTrace, harness, jain, log, median, row,
-                      thread_cpu, watcher_tids)
+from benchlib import (BIG_FILE, SERVER_HOST, InterruptTrace, harness, jain, log, median,
+                      outside_interrupts, row, thread_cpu, watcher_tids)
 
 STAGES = (1000, 5000, 10000, 25000, 50000)
 QUICK_STAGES = (1000, 5000)
@@ -164,83 +164,88 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                       **variables) as srv:
         workers = srv.worker_pids()
         clients = ScaleClients(srv.port, first_source, nsources, stages[-1])
+
+        def stage(n, window, held_before):
+            """Opens up to n connections and measures them: the stage's
+            figures. RuntimeError if a client does not answer in time."""
+            # The watchers' CPU while the new connections open and join.
+            c_open = _cpu(workers)
+            held, failed, took = clients.open(n, timeout=30.0 + n / 500.0)
+            time.sleep(settle)
+            c0, m0 = _cpu(workers), clients.mark()
+            joining, _ = _cpu_spent(c_open, c0)
+            f = {"connections": n, "keys": clients_at(n), "open_s": round(took, 2),
+                 "joined": held - held_before,
+                 "watcher_cpu_s_while_joining": round(joining, 3),
+                 "watcher_us_per_join": round(1e6 * joining / max(1, held - held_before), 1)}
+            if window:
+                s0 = clients.sources() if n == stages[-1] else None
+                tids = [t for _, w in c0.values() for t in w]
+                trace = InterruptTrace(tids, bench.workdir) if tids else None
+                time.sleep(window)
+                irq_s = trace.stop() if trace else {}
+                c1, m1 = _cpu(workers), clients.mark()
+                s1 = clients.sources() if n == stages[-1] else None
+                seconds = m1[0] - m0[0]
+                watcher, process = _cpu_spent(c0, c1)
+                if irq_s is None:
+                    bench.warn("scale %s %d: the watchers' interrupt time is "
+                               "not known (%s)" % (name, n, trace.error))
+                own = outside_interrupts(watcher, irq_s)
+                f.update({
+                    "watcher_own_cpu_pct_per_10k": None if own is None else round(
+                        100.0 * own / seconds * 10000.0 / max(1, m1[2]), 3),
+                    "window_s": round(seconds, 2),
+                    "total": round((m1[1] - m0[1]) / seconds / (f["keys"] * target), 4),
+                    "watcher_cpu_pct": round(100.0 * watcher / seconds, 3),
+                    "watcher_cpu_pct_per_10k": round(
+                        100.0 * watcher / seconds * 10000.0 / max(1, m1[2]), 3),
+                    "workers_cpu_pct": round(100.0 * process / seconds, 1)})
+                if s0 is not None:
+                    per_key = sorted((b - a) / seconds / target
+                                     for a, b in zip(s0[:f["keys"]], s1))
+                    f["per_key"] = {"min": round(per_key[0], 3),
+                                    "median": round(median(per_key), 3),
+                                    "max": round(per_key[-1], 3),
+                                    "jain": round(jain(per_key), 4)}
+            else:
+                m1 = m0
+            f.update({"held": m1[2], "failed": m1[3], "bad_status": m1[4]})
+            rss = {str(pid): _status_kb(pid) for pid in workers}
+            f.update({"rss_kb": rss,
+                      "rss_total_kb": sum(r.get("VmRSS", 0) for r in rss.values()),
+                      "rss_anon_kb": sum(r.get("RssAnon", 0) for r in rss.values()),
+                      "rss_shmem_kb": sum(r.get("RssShmem", 0) for r in rss.values())})
+            if srv.zone:
+                f["zone_used"] = bench.stat(srv)
+                if not figs:
+                    st = harness.stat_json(srv.zone)
+                    f["zone_geometry"] = {"size": st["size"],
+                                          "capacity": st["capacity"]}
+            log("  %-5s %-10s %6d conns (%d held, %d failed, opened in %.1f s, "
+                "watchers %.0f us per join)%s; RSS %.0f MiB (anon %.0f, shmem %.0f)%s"
+                % (name, mode, n, f["held"], f["failed"], took,
+                   f["watcher_us_per_join"],
+                   ": total %.3fx of %d x %s; watcher %.2f%% of a core (%.2f%% per "
+                   "10k, %s outside interrupts); workers %.0f%%" % (
+                       f["total"], f["keys"], rate, f["watcher_cpu_pct"],
+                       f["watcher_cpu_pct_per_10k"],
+                       "n/a" if f["watcher_own_cpu_pct_per_10k"] is None
+                       else "%.2f%%" % f["watcher_own_cpu_pct_per_10k"],
+                       f["workers_cpu_pct"])
+                   if window else "",
+                   f["rss_total_kb"] / 1024.0, f["rss_anon_kb"] / 1024.0,
+                   f["rss_shmem_kb"] / 1024.0,
+                   "; per key min/median/max %.2f/%.2f/%.2f" % (
+                       f["per_key"]["min"], f["per_key"]["median"],
+                       f["per_key"]["max"]) if "per_key" in f else ""))
+            return f
+
+        held_before = 0
         try:
-            held_before = 0
             for n, window in zip(stages, windows):
                 try:
-                    # The watchers' CPU while the new connections open and join.
-                    c_open = _cpu(workers)
-                    held, failed, took = clients.open(n, timeout=30.0 + n / 500.0)
-                    time.sleep(settle)
-                    c0, m0 = _cpu(workers), clients.mark()
-                    joining, _ = _cpu_spent(c_open, c0)
-                    f = {"connections": n, "keys": clients_at(n), "open_s": round(took, 2),
-                         "joined": held - held_before,
-                         "watcher_cpu_s_while_joining": round(joining, 3),
-                         "watcher_us_per_join": round(1e6 * joining / max(1, held - held_before), 1)}
-                    held_before = held
-                    if window:
-                        s0 = clients.sources() if n == stages[-1] else None
-                        tids = [t for _, w in c0.values() for t in w]
-                        trace = InterruptTrace(tids, bench.workdir) if tids else None
-                        time.sleep(window)
-                        irq_s = trace.stop() if trace else {}
-                        c1, m1 = _cpu(workers), clients.mark()
-                        s1 = clients.sources() if n == stages[-1] else None
-                        seconds = m1[0] - m0[0]
-                        watcher, process = _cpu_spent(c0, c1)
-                        if irq_s is None:
-                            bench.warn("scale %s %d: the watchers' interrupt time is "
-                                       "not known (%s)" % (name, n, trace.error))
-                        f.update({
-                            "watcher_own_cpu_pct_per_10k": None if irq_s is None else round(
-                                100.0 * max(0.0, watcher - sum(irq_s.values())) / seconds
-                                * 10000.0 / max(1, m1[2]), 3),
-                            "window_s": round(seconds, 2),
-                            "total": round((m1[1] - m0[1]) / seconds / (f["keys"] * target), 4),
-                            "watcher_cpu_pct": round(100.0 * watcher / seconds, 3),
-                            "watcher_cpu_pct_per_10k": round(
-                                100.0 * watcher / seconds * 10000.0 / max(1, m1[2]), 3),
-                            "workers_cpu_pct": round(100.0 * process / seconds, 1)})
-                        if s0 is not None:
-                            per_key = sorted((b - a) / seconds / target
-                                             for a, b in zip(s0[:f["keys"]], s1))
-                            f["per_key"] = {"min": round(per_key[0], 3),
-                                            "median": round(median(per_key), 3),
-                                            "max": round(per_key[-1], 3),
-                                            "jain": round(jain(per_key), 4)}
-                    else:
-                        m1 = m0
-                    f.update({"held": m1[2], "failed": m1[3], "bad_status": m1[4]})
-                    rss = {str(pid): _status_kb(pid) for pid in workers}
-                    f.update({"rss_kb": rss,
-                              "rss_total_kb": sum(r.get("VmRSS", 0) for r in rss.values()),
-                              "rss_anon_kb": sum(r.get("RssAnon", 0) for r in rss.values()),
-                              "rss_shmem_kb": sum(r.get("RssShmem", 0) for r in rss.values())})
-                    if srv.zone:
-                        f["zone_used"] = bench.stat(srv)
-                        if not figs:
-                            st = harness.stat_json(srv.zone)
-                            f["zone_geometry"] = {"size": st["size"],
-                                                  "capacity": st["capacity"]}
-                    figs.append(f)
-                    log("  %-5s %-10s %6d conns (%d held, %d failed, opened in %.1f s, "
-                        "watchers %.0f us per join)%s; RSS %.0f MiB (anon %.0f, shmem %.0f)%s"
-                        % (name, mode, n, f["held"], f["failed"], took,
-                           f["watcher_us_per_join"],
-                           ": total %.3fx of %d x %s; watcher %.2f%% of a core (%.2f%% per "
-                           "10k, %s outside interrupts); workers %.0f%%" % (
-                               f["total"], f["keys"], rate, f["watcher_cpu_pct"],
-                               f["watcher_cpu_pct_per_10k"],
-                               "n/a" if f["watcher_own_cpu_pct_per_10k"] is None
-                               else "%.2f%%" % f["watcher_own_cpu_pct_per_10k"],
-                               f["workers_cpu_pct"])
-                           if window else "",
-                           f["rss_total_kb"] / 1024.0, f["rss_anon_kb"] / 1024.0,
-                           f["rss_shmem_kb"] / 1024.0,
-                           "; per key min/median/max %.2f/%.2f/%.2f" % (
-                               f["per_key"]["min"], f["per_key"]["median"],
-                               f["per_key"]["max"]) if "per_key" in f else ""))
+                    f = stage(n, window, held_before)
                 except RuntimeError as e:
                     # A client too busy to answer (at this stage the machine
                     # cannot carry the load): the stages so far stand, the
@@ -249,6 +254,8 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                     figs.append({"connections": n, "keys": clients_at(n),
                                  "error": str(e)})
                     break
+                figs.append(f)
+                held_before += f["joined"]
         finally:
             clients.close()
     return figs

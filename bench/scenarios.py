@@ -14,8 +14,9 @@ from contextlib import ExitStack
 import traceback
 
 from benchlib import (BIG_FILE, IDLE_THREAD, IDLE_THREAD_LIB, LIB_MODES, LIMIT_CONN,
-                      InterruptTrace, SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, drive, drive_parallel, harness,
-                      http_request, jain, log, median, percentile, process_cpu, row, spread,
+                      SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, InterruptTrace, drive,
+                      drive_parallel, harness, http_request, jain, log, median,
+                      outside_interrupts, percentile, process_cpu, row, spread,
                       thread_cpu, trickle_evidence, watcher_tids)
 from benchlib import windows as windows_of
 from scale import scale
@@ -826,7 +827,7 @@ def manyclients(bench):
              "interrupt_share": irq_share,
              "watcher_irq_s": irq_s,
              "watcher_own_cpu_pct_per_10k": (
-                 100.0 * max(0.0, watcher - sum(irq_s.values())) / seconds * per10k
+                 100.0 * outside_interrupts(watcher, irq_s) / seconds * per10k
                  if n_watchers and irq_s is not None else None),
              "workers_cpu_pct": 100.0 * process / seconds, "cpu_marks": run.marks,
              "client_cpu_pct": run.client_cpu_pct,
