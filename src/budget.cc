@@ -134,6 +134,22 @@ double BalanceFactor(const BudgetState& s, double rate, const KeyPace& pace) {
                    pace.balance_effect);
 }
 
+// Whether the connections of a key not held back, going to new_active,
+// may send half its rate or more. Not known in the first ticks of its run
+// (its first connection alone is not held back at a fresh start, not for
+// having been seen under the rate; connections a client opens together
+// join it a moment later, one by one); else if each of them sent what the
+// whole key sent (joins one at a time, between two ticks, are judged by
+// the same figure).
+bool JoinersMayFillTheRate(const BudgetState& s, const BudgetSettings& settings,
+                           uint32_t new_active) {
+  if (ElapsedNs(s.last_ns, s.start_ns) < kUnderTicks * kBudgetTickNs) {
+    return true;
+  }
+  return static_cast<double>(s.measured_bytes_per_sec) * new_active >=
+         kUnbindBelow * static_cast<double>(settings.rate_bytes_per_sec);
+}
+
 // A boost with no cap but its own bounds.
 constexpr double kAnyBoost = std::numeric_limits<double>::infinity();
 
@@ -365,6 +381,17 @@ BudgetState BudgetMembershipChange(const BudgetState& state,
   if (state.last_ns == 0 || old_active == 0) {
     // No decision yet: an equal split (nothing held back when alone).
     next.boost = new_active <= 1 ? kBoostUnbound : kBoostOne;
+  } else if (state.boost == kBoostUnbound && new_active > old_active &&
+             JoinersMayFillTheRate(state, settings, new_active)) {
+    // Joiners of a key not held back: each would be paced at the whole
+    // rate until the next tick binds it, and a client that opens its
+    // connections a moment after its first sends that many times its rate
+    // meanwhile (64 connections at 500k: 1.3 MB over it in 50 ms, and the
+    // shaper's pieces cut at the whole rate, 13-29 KB, then left its
+    // connections in lumps for seconds: 1 s windows at 0.4-1.3). Bound now,
+    // at an equal split, unless the key is known to send little; the ticks
+    // unbind it again if it does (kUnderTicks).
+    next.boost = kBoostOne;
   } else if (state.boost != kBoostUnbound && new_active < old_active &&
              new_active > 0) {
     // A leave: the survivors keep their level, or get their equal share

@@ -193,7 +193,11 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
 // joiner takes its share from the others now rather than sending at the old
 // level for a tick (the boost stays, so the level is level x old / new), and
 // survivors of a leave keep their level or get the equal share if that is
-// more. A key that is not held back stays so. Pure.
+// more. A key that is not held back stays so on a leave, and on a join
+// only while it is known to send little (each of its connections sending
+// what the whole key sent would not make half its rate); else joiners,
+// each paced at the whole rate until the next tick, would send that many
+// times its rate meanwhile, so it is bound at an equal split. Pure.
 BudgetState BudgetMembershipChange(const BudgetState& state,
                                    const BudgetSettings& settings,
                                    uint32_t old_active, uint32_t new_active);

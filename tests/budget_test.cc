@@ -601,10 +601,30 @@ TEST(BudgetTest, MembershipChangeTakesTheJoinersShareAtOnce) {
   state.boost = 3 * kBoostOne;  // 300k: others use little
   EXPECT_EQ(BudgetMembershipChange(state, settings, 4, 3).level_bytes_per_sec,
             300'000u);
-  // A key not held back stays so.
+  // A key not held back stays so while it is known to send little: its
+  // connections, each sending what the whole key sent, would not send half
+  // its rate.
   state.boost = kBoostUnbound;
+  state.start_ns = 0;
+  state.last_ns = 3'000'000'000;
+  state.measured_bytes_per_sec = 20'000;
   EXPECT_EQ(BudgetMembershipChange(state, settings, 4, 9).level_bytes_per_sec,
             400'000u);
+  // Else joiners would each send the whole rate until the next tick: an
+  // equal split at once.
+  state.measured_bytes_per_sec = 30'000;
+  BudgetState joined = BudgetMembershipChange(state, settings, 4, 9);
+  EXPECT_EQ(joined.boost, kBoostOne);
+  EXPECT_EQ(joined.level_bytes_per_sec, 400'000u / 9);
+  // In the first ticks of a run nothing is known yet: a client's first
+  // connection is unbound alone, and those it opens a moment later join it
+  // one at a time.
+  state.measured_bytes_per_sec = 0;
+  state.last_ns = state.start_ns + 3 * kBudgetTickNs;
+  EXPECT_EQ(BudgetMembershipChange(state, settings, 1, 2).level_bytes_per_sec,
+            200'000u);
+  // A leave keeps it unbound.
+  EXPECT_EQ(BudgetMembershipChange(state, settings, 2, 1).boost, kBoostUnbound);
   // A fresh key: the whole rate for one, an equal split for more.
   EXPECT_EQ(
       BudgetMembershipChange(BudgetState(), settings, 0, 1).level_bytes_per_sec,
