@@ -205,6 +205,7 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                     per_key = sorted((b - a) / seconds / target
                                      for a, b in zip(s0[:f["keys"]], s1))
                     f["per_key"] = {"min": round(per_key[0], 3),
+                                    "p5": round(per_key[len(per_key) // 20], 3),
                                     "median": round(median(per_key), 3),
                                     "max": round(per_key[-1], 3),
                                     "jain": round(jain(per_key), 4)}
@@ -236,8 +237,8 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                    if window else "",
                    f["rss_total_kb"] / 1024.0, f["rss_anon_kb"] / 1024.0,
                    f["rss_shmem_kb"] / 1024.0,
-                   "; per key min/median/max %.2f/%.2f/%.2f" % (
-                       f["per_key"]["min"], f["per_key"]["median"],
+                   "; per key min/p5/median/max %.2f/%.2f/%.2f/%.2f" % (
+                       f["per_key"]["min"], f["per_key"]["p5"], f["per_key"]["median"],
                        f["per_key"]["max"]) if "per_key" in f else ""))
             return f
 
