@@ -214,7 +214,8 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   next.packet_bytes =
       input.packet_bytes != 0 ? input.packet_bytes : state.packet_bytes;
   const int64_t dt_ns = ElapsedNs(input.now_ns, state.last_ns);
-  if (state.last_ns == 0 || dt_ns > kBudgetMaxGapNs || dt_ns < 0 ||
+  const int64_t max_gap_ns = std::max(kBudgetMaxGapNs, input.max_gap_ns);
+  if (state.last_ns == 0 || dt_ns > max_gap_ns || dt_ns < 0 ||
       input.sent_bytes < state.sent_bytes) {
     // A fresh start: nothing banked, nothing owed, an equal split (a
     // single connection is not held back at all).

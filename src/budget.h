@@ -83,7 +83,8 @@ inline uint32_t BudgetTickOf(int64_t now_ns) {
 }
 // A tick after a gap longer than this starts the key afresh (it was idle).
 // Keys of slow connections are decided up to 1.6 s apart when the watcher
-// spaces its work out (cpu_budget.h).
+// spaces its work out (cpu_budget.h), and a visit round later
+// (BudgetInput::max_gap_ns).
 inline constexpr int64_t kBudgetMaxGapNs = 2'000'000'000;
 // The debt is bounded, so that a rate lowered by `trafficrate set` or a
 // flood of new connections is not paid for over minutes.
@@ -182,6 +183,12 @@ struct BudgetInput {
   // its rate. With it that slowness is a bias: the key's new connections'
   // unpaced first bytes would go uncorrected.
   bool shaped = false;
+  // The longest gap the watcher leaves between two decisions of this key
+  // while it is sending (0 or less than kBudgetMaxGapNs: that). A gap
+  // longer than that is a fresh start (the key was idle); a watcher that
+  // spaces its work out (cpu_budget.h) visits in rounds up to half a
+  // second apart, and its keys keep their state across them.
+  int64_t max_gap_ns = 0;
 };
 
 // One decision. Pure; safe from any thread.

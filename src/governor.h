@@ -246,7 +246,8 @@ class Governor {
   // them (CheckZone, each watcher loop; safe beside the watcher: it works
   // under the zone lock).
   void ExpireHandoffs(int64_t now_ns);
-  // The longest a budget-mode watcher sleeps between ticks.
+  // The longest a budget-mode watcher sleeps between ticks (a visit round,
+  // up to half a second, while it spaces its work out: cpu_budget.h).
   static constexpr int64_t kMaxBudgetSleepNs = 100'000'000;
   // Budget mode (budget.h): whether the zone runs the shared budget, and
   // one tick of it: measures what left this process's sending sockets
@@ -255,7 +256,8 @@ class Governor {
   // lease it holds (or takes) decides the level and publishes it.
   bool BudgetWanted() const;
   // Returns when the next tick has work: the start of the first tick in
-  // which a connection is due for a visit, at most kMaxBudgetSleepNs away.
+  // which a connection is due for a visit, at most kMaxBudgetSleepNs (or a
+  // visit round) away.
   int64_t TickBudget(int64_t now_ns);
 
   // Outside budget mode (another process of the zone switched it): the

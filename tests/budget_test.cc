@@ -647,6 +647,29 @@ TEST(BudgetTest, AFreshOrIdleKeyStartsAfresh) {
   EXPECT_EQ(state.level_bytes_per_sec, 128000u);
 }
 
+// A key decided seconds apart by a busy watcher (BudgetInput::max_gap_ns)
+// was not idle: no fresh start, and what it sent over the gap is its
+// measured rate.
+TEST(BudgetTest, ALongGapTheWatcherAllowsIsNoFreshStart) {
+  const BudgetSettings settings{2048, DefaultBurstBytes(2048)};
+  BudgetState state =
+      BudgetTick(BudgetState(), {5'000'000'000, 1000, 1}, settings);
+  state.balance_bytes = -800;
+  BudgetInput input{13'000'000'000, 1000 + 8 * 2048, 1};
+  input.max_gap_ns = 10'000'000'000;
+  state = BudgetTick(state, input, settings);
+  EXPECT_EQ(state.start_ns, 5'000'000'000);  // not started afresh
+  EXPECT_EQ(state.balance_bytes, -800);      // 8 s at the rate: as it was
+  EXPECT_NEAR(static_cast<double>(state.measured_bytes_per_sec), 2048, 100);
+  EXPECT_EQ(state.level_bytes_per_sec, 2048u);
+  // Past the gap it allows: afresh.
+  input.now_ns = 24'000'000'000;
+  input.sent_bytes += 100;
+  state = BudgetTick(state, input, settings);
+  EXPECT_EQ(state.start_ns, 24'000'000'000);
+  EXPECT_EQ(state.balance_bytes, 0);
+}
+
 TEST(BudgetTest, PendingStartsNeverGrowEvenWhenTooLargeForADouble) {
   // What the zone's start_pending holds may be anything (garbage): the
   // caller subtracts what the tick forgave, so it must not come out larger.
