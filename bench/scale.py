@@ -202,8 +202,11 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                         100.0 * watcher / seconds * 10000.0 / max(1, m1[2]), 3),
                     "workers_cpu_pct": round(100.0 * process / seconds, 1)})
                 if s0 is not None:
-                    per_key = sorted((b - a) / seconds / target
-                                     for a, b in zip(s0[:f["keys"]], s1))
+                    by_source = [(b - a) / seconds / target
+                                 for a, b in zip(s0[:f["keys"]], s1)]
+                    f["lowest_sources"] = sorted(range(len(by_source)),
+                                                 key=by_source.__getitem__)[:5]
+                    per_key = sorted(by_source)
                     f["per_key"] = {"min": round(per_key[0], 3),
                                     "p5": round(per_key[len(per_key) // 20], 3),
                                     "median": round(median(per_key), 3),
