@@ -80,11 +80,11 @@ TEST(CpuBudgetTest, AFewHundredConnectionsAreNeverSpacedOutMuch) {
   Model m{.fixed_ns = 4e6, .spaced_ns = 1e6};
   m.Run(cpu, 40, 30);
   EXPECT_EQ(cpu.stretch(), 1);
-  // 1 000: at most 2.
-  for (int i = 0; i < 30; ++i) m.Second(cpu, 1000);
-  EXPECT_EQ(cpu.stretch(), 2);
+  // 900: at most 3.
+  for (int i = 0; i < 30; ++i) m.Second(cpu, 900);
+  EXPECT_EQ(cpu.stretch(), 3);
   // Fewer again: the bound comes down with them.
-  m.Second(cpu, 600);
+  m.Second(cpu, 360);
   EXPECT_DOUBLE_EQ(cpu.stretch(), 1.2);
 }
 
