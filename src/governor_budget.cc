@@ -40,8 +40,10 @@ constexpr uint64_t kMaxPacketBytes = 65536;
 // packet gaps or more: KeyPace), and well within kBudgetMaxGapNs.
 constexpr int64_t kMaxDecideGapNs = 500 * kNsPerMs;
 // The most the watcher's CPU stretch makes of it: a visit is rounded up to
-// kVisitRoundTicks and may come a little late, and a key not decided for
-// kBudgetMaxGapNs starts afresh.
+// a visit round (VisitRoundTicks) and may come a little late, and a key not
+// decided for that long and two rounds more starts afresh (DecideKey:
+// BudgetInput::max_gap_ns; at rounds of kVisitRoundTicks that is within
+// kBudgetMaxGapNs).
 constexpr int64_t kMaxStretchedDecideGapNs = 1600 * kNsPerMs;
 // Connections visited this many ticks apart or more are visited in ticks
 // whose number is a multiple of it (more while the watcher's work is spaced
@@ -57,7 +59,9 @@ constexpr uint32_t kNotSendingVisitTicks = 25;
 // A watcher's visit re-applies a changed level at least this often.
 constexpr int64_t kMaxApplyGapNs = 4 * kNsPerSec;
 // NoteAndDecide's window for the largest packet of a key's connections
-// (two seconds: every sending connection is visited in it).
+// (two seconds: every sending connection is visited in it, at rounds of
+// kVisitRoundTicks; at kMaxVisitRoundTicks a visit may come up to 0.6 s
+// after it, and a decision then may miss that connection's packet).
 constexpr uint32_t kPacketWindowTicks = 2 * kNsPerSec / kBudgetTickNs;
 static_assert(kMaxStretchedDecideGapNs + 2 * kVisitRoundTicks * kBudgetTickNs <
               kPacketWindowTicks * kBudgetTickNs);
