@@ -18,6 +18,7 @@
 #include "src/clock.h"
 #include "src/private_array.h"
 #include "src/share.h"
+#include "src/tcp_counts.h"
 
 namespace trafficrate {
 namespace {
@@ -25,6 +26,15 @@ namespace {
 // CheckZone: a lock still held after this many once-a-second checks, by a
 // thread that does not exist, marks the zone corrupt.
 constexpr int kStalledChecksForCorrupt = 3;
+
+// LookAtRest: a connection at rest is looked at this long after its rest
+// began, then at twice the gap each time, up to the last. A write by a
+// process that cannot reach the zone starts within about the first gap
+// (the CGI child that writes a response its parent began); the gap then
+// bounds how long it goes at the pace it had when it left, while its
+// siblings take its share.
+constexpr int64_t kRestFirstLookNs = 100'000'000;   // 100 ms
+constexpr int64_t kRestLastLookNs = 3'200'000'000;  // 3.2 s
 
 // The client's address as 16 bytes (IPv4 as v4-mapped) and its port.
 void PeerBytes(const sockaddr* peer, uint8_t out[16], uint16_t* port) {
@@ -339,6 +349,7 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   local_[conn].idle_queued_ns.store(0, std::memory_order_relaxed);
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
   local_[conn].kernel_base.store(kNoKernelBase, std::memory_order_relaxed);
+  StartRest(conn);
   local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
   local_[conn].slow.store(false, std::memory_order_relaxed);
   local_[conn].piece.store(0, std::memory_order_relaxed);
@@ -1424,7 +1435,13 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
   LocalConn& local = local_[StateConn(state)];
   const int64_t last = local.last_send_ns.load(std::memory_order_relaxed);
   if (!ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed)) {
-    if (quiet_until_ns != nullptr) *quiet_until_ns = 0;  // it may join anytime
+    // A send joins it at once (and makes it due); a write this process
+    // did not see, at the next look at its rest. TRAFFICRATE_AFTER's join
+    // (ExpireIdle) is looked for at every pass.
+    const int64_t next = LookAtRest(fd, entry, state, conn, now_ns);
+    if (quiet_until_ns != nullptr) {
+      *quiet_until_ns = AfterBytes(conn) > 0 ? 0 : next;
+    }
     return true;
   }
   const uint64_t pace =
@@ -1478,8 +1495,51 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
       local.last_send_ns.load(std::memory_order_relaxed) == last) {
     *push |=
         zone_->LeaveLocked(StateConn(state)) && SiblingsSendingLocked(conn);
+    StartRest(StateConn(state));
   }
   return true;
+}
+
+void Governor::StartRest(uint32_t conn) {
+  local_[conn].rest_written.store(kNoKernelBase, std::memory_order_relaxed);
+  local_[conn].rest_look_ns.store(0, std::memory_order_relaxed);
+  local_[conn].rest_gap_ns.store(0, std::memory_order_relaxed);
+}
+
+int64_t Governor::LookAtRest(int fd, FdEntry& entry, uint64_t state,
+                             const ConnSlotShm& conn, int64_t now_ns) {
+  if (!ConnValid(conn, state) || conn.active.load(std::memory_order_relaxed) ||
+      conn.proc_index.load(std::memory_order_relaxed) !=
+          watcher_.proc_index()) {
+    return 0;
+  }
+  LocalConn& local = local_[StateConn(state)];
+  const int64_t due = local.rest_look_ns.load(std::memory_order_relaxed);
+  if (now_ns < due) return due;
+  if (!FdTable::TryPin(entry, state, /*wait=*/false)) return 0;
+  TcpSendCounts kernel;
+  const bool counted = ReadTcpSendCounts(fd, &kernel);
+  FdTable::Unpin(entry);
+  const uint64_t written = kernel.left + kernel.unsent;
+  const uint64_t before = local.rest_written.load(std::memory_order_relaxed);
+  if (counted && before != kNoKernelBase && written > before) {
+    // Written since the last look, and not through a call of this process
+    // (a send joins at once). It sends now: not idle before
+    // TRAFFICRATE_IDLE has passed, or its queue has left.
+    local.last_send_ns.store(now_ns, std::memory_order_relaxed);
+    StartRest(StateConn(state));
+    JoinSlow(fd, entry, state);
+    return now_ns;
+  }
+  if (counted) local.rest_written.store(written, std::memory_order_relaxed);
+  const int64_t gap =
+      std::min(kRestLastLookNs,
+               std::max(kRestFirstLookNs,
+                        2 * local.rest_gap_ns.load(std::memory_order_relaxed)));
+  local.rest_gap_ns.store(gap, std::memory_order_relaxed);
+  const int64_t next = now_ns + cpu_.Stretch(gap);
+  local.rest_look_ns.store(next, std::memory_order_relaxed);
+  return next;
 }
 
 bool Governor::CheckZone(int64_t now_ns) {

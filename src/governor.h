@@ -344,6 +344,24 @@ class Governor {
   bool ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
                     const ConnSlotShm& conn, int64_t now_ns, bool* push,
                     int64_t* quiet_until_ns = nullptr);
+  // One look at a connection of this process that is registered but not
+  // sending by its sends (it left its key, or never joined): a process that
+  // cannot reach the zone (a CGI child running as another user) may be
+  // writing it. The socket's own count of bytes written says so, and then
+  // it joins (JoinSlow). The looks come further apart the longer it rests
+  // (kRestFirstLookNs doubling up to kRestLastLookNs, stretched with the
+  // watcher's CPU), so that idle keep-alive connections cost little.
+  // Returns the time of the next look: now_ns if it joined (visit it
+  // again at once), 0 if it is not at rest here.
+  int64_t LookAtRest(int fd, FdEntry& entry, uint64_t state,
+                     const ConnSlotShm& conn, int64_t now_ns);
+  // Budget mode: the ticks until a visit of a connection at rest here
+  // should look again (LookAtRest), or otherwise if it is not.
+  uint32_t RestGapTicks(int fd, FdEntry& entry, uint64_t state,
+                        const ConnSlotShm& conn, int64_t now_ns,
+                        uint32_t otherwise);
+  // Forgets what LookAtRest knew of connection slot conn: a new rest starts.
+  void StartRest(uint32_t conn);
   // Sets the socket's pacing to its key's share if that changed since it
   // was last applied to this fd; true if it did.
   bool ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
@@ -447,6 +465,12 @@ class Governor {
     std::atomic<uint64_t> slow_allowed;
     std::atomic<uint64_t> slow_last_pace;
     std::atomic<bool> slow;
+    // At rest (LookAtRest): the bytes written to its socket at the first
+    // look of this rest (kNoKernelBase: not looked yet), the next look, and
+    // the gap before it.
+    std::atomic<uint64_t> rest_written;
+    std::atomic<int64_t> rest_look_ns;
+    std::atomic<int64_t> rest_gap_ns;
   };
   // Budget mode, at a measurement (left bytes had left, unsent still
   // queued, at pace), before MeasureConn records it in measured_ns:

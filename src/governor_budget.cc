@@ -191,6 +191,18 @@ uint64_t Governor::ShareFor(const KeySlotShm& key) const {
                       rate, active);
 }
 
+uint32_t Governor::RestGapTicks(int fd, FdEntry& entry, uint64_t state,
+                                const ConnSlotShm& conn, int64_t now_ns,
+                                uint32_t otherwise) {
+  // Ours and at rest: visited when its rest is next looked at (a send
+  // makes it due at once; a write seen now joined it: the next tick);
+  // otherwise (idle in another process) as given.
+  const int64_t look = LookAtRest(fd, entry, state, conn, now_ns);
+  if (look == 0) return otherwise;
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>((look - now_ns) / kBudgetTickNs, 1, INT32_MAX));
+}
+
 int64_t Governor::TickBudget(int64_t now_ns) {
   if (local_ == nullptr || key_local_ == nullptr) return now_ns + kBudgetTickNs;
   const uint32_t me = watcher_.proc_index();
@@ -239,7 +251,11 @@ int64_t Governor::TickBudget(int64_t now_ns) {
       } else if (conn.active.load(std::memory_order_relaxed)) {
         gap_ticks = static_cast<uint32_t>(std::max<int64_t>(
             1, VisitGapNs(packet, pace, cpu_) / kBudgetTickNs));
+      } else {
+        gap_ticks = RestGapTicks(fd, entry, state, conn, now_ns, gap_ticks);
       }
+    } else {
+      gap_ticks = RestGapTicks(fd, entry, state, conn, now_ns, gap_ticks);
     }
     uint32_t next = tick_ + gap_ticks;
     if (gap_ticks >= round_ticks) {

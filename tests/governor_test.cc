@@ -279,6 +279,55 @@ TEST_F(GovernorTest, WatcherExpiresAnIdleConnection) {
   EXPECT_EQ(zone_->key(key).active.load(), 1u);
 }
 
+// A connection whose bytes come from a process that cannot reach the zone
+// (a CGI child running as another user writes the body its parent began):
+// once it has left its key (nothing queued while the child starts), the
+// watcher sees the socket written and joins it again, and its sibling goes
+// back to half the rate. One at rest with nothing written stays out.
+class GovernorRestTest : public testing_util::GovernorFixture {
+ protected:
+  void WrittenElsewhereRejoins(ShareMode share) {
+    StartGovernor(/*idle_ns=*/200 * kNsPerMs);
+    zone_->SetShare(share, 0);
+    const Conn quiet = Open();
+    const Conn cgi = Open();
+    const Conn sibling = Open();
+    ASSERT_GE(sibling.server, 0);
+    ASSERT_EQ(Send(quiet.server), 100);
+    ASSERT_EQ(Send(cgi.server), 100);
+    const uint32_t key = KeyIndex(cgi.server);
+    ASSERT_TRUE(PollUntil([&] { return zone_->key(key).active.load() == 0; }));
+    // The sibling sends on, through the library; the other two rest.
+    ASSERT_EQ(Send(sibling.server), 100);
+    ASSERT_EQ(ConnOf(cgi.server).active.load(), 0u);
+    if (share == ShareMode::kEqual) {
+      ASSERT_TRUE(PacingBecomes(sibling.server, kRate));
+    }
+    // Written behind the library's back, a little at a time.
+    const std::vector<char> data(1000, 'c');
+    const auto rejoined = [&] {
+      ::send(cgi.server, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      Send(sibling.server);
+      return ConnOf(cgi.server).active.load() == 1;
+    };
+    ASSERT_TRUE(PollUntil(rejoined, 2 * kNsPerSec));
+    EXPECT_EQ(zone_->key(key).active.load(), 2u);
+    if (share == ShareMode::kEqual) {
+      EXPECT_EQ(Pacing(cgi.server), kRate / 2);
+      EXPECT_TRUE(PacingBecomes(sibling.server, kRate / 2));
+    }
+    EXPECT_EQ(ConnOf(quiet.server).active.load(), 0u) << "nothing written";
+  }
+};
+
+TEST_F(GovernorRestTest, ConnectionWrittenByAnotherProcessRejoinsInEqualMode) {
+  WrittenElsewhereRejoins(ShareMode::kEqual);
+}
+
+TEST_F(GovernorRestTest, ConnectionWrittenByAnotherProcessRejoinsInBudgetMode) {
+  WrittenElsewhereRejoins(ShareMode::kBudget);
+}
+
 TEST_F(GovernorTest, ConnectionWithUnsentDataIsNotExpired) {
   StartGovernor();
   const Conn c = Open("127.0.0.1", /*client_rcvbuf=*/4096);
