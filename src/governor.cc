@@ -34,7 +34,7 @@ constexpr int kStalledChecksForCorrupt = 3;
 // bounds how long it goes at the pace it had when it left, while its
 // siblings take its share.
 constexpr int64_t kRestFirstLookNs = 100'000'000;   // 100 ms
-constexpr int64_t kRestLastLookNs = 3'200'000'000;  // 3.2 s
+constexpr int64_t kRestLastLookNs = 6'400'000'000;  // 6.4 s
 
 // The client's address as 16 bytes (IPv4 as v4-mapped) and its port.
 void PeerBytes(const sockaddr* peer, uint8_t out[16], uint16_t* port) {
