@@ -59,11 +59,12 @@ constexpr uint32_t kNotSendingVisitTicks = 25;
 // A watcher's visit re-applies a changed level at least this often.
 constexpr int64_t kMaxApplyGapNs = 4 * kNsPerSec;
 // NoteAndDecide's window for the largest packet of a key's connections
-// (two seconds: every sending connection is visited in it, at rounds of
-// kVisitRoundTicks; at kMaxVisitRoundTicks a visit may come up to 0.6 s
-// after it, and a decision then may miss that connection's packet).
-constexpr uint32_t kPacketWindowTicks = 2 * kNsPerSec / kBudgetTickNs;
-static_assert(kMaxStretchedDecideGapNs + 2 * kVisitRoundTicks * kBudgetTickNs <
+// (three seconds: every sending connection is visited in it, even at the
+// longest stretched gap rounded up to the longest visit round, and late by
+// a round).
+constexpr uint32_t kPacketWindowTicks = 3 * kNsPerSec / kBudgetTickNs;
+static_assert(kMaxStretchedDecideGapNs +
+                  2 * kMaxVisitRoundTicks * kBudgetTickNs <
               kPacketWindowTicks * kBudgetTickNs);
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
