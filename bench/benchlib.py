@@ -101,8 +101,13 @@ class BenchNginx(harness.NginxServer):
             return text
         old_events = "events { worker_connections 1024; }"
         assert old_events in text, "servers.py's nginx.conf changed:\n" + text
+        # multi_accept: thousands of connections arrive at once, and a
+        # worker accepts all that wait at each turn of its event loop, not
+        # one. Without it, once thousands of paced connections made each
+        # turn long (512 events, up to a second on 2 cores), the last
+        # hundreds of 10 000 waited in the accept queue for a minute.
         text = text.replace(old_events, "worker_rlimit_nofile %d;\nevents { "
-                            "worker_connections %d; }" % (
+                            "worker_connections %d; multi_accept on; }" % (
                                 min(20000, 2 * self.connections + 100),
                                 self.connections + 100))
         if self.connections > 10000:

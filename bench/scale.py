@@ -10,7 +10,8 @@ four). Two client populations, each against its own nginx and zone:
   * keys: one connection per client address, counting up from 127.1.0.1
     (50 000 keys across 127.0.0.0/8 at the last stage), each at the rate.
 
-At each stage, once the connections are open and have settled: the client
+At each stage, once the connections are open, the server has accepted them
+all (its zone counts them; at most ACCEPT_WAIT_S) and they have settled: the client
 total over a window against (clients x rate), the watcher threads' CPU (% of
 a core, and per 10 000 connections), the workers' resident memory, the zone's
 use. The conns population also runs against nginx without the library
@@ -19,6 +20,7 @@ resident memory without the library. The time a join takes to reach every
 sibling at that scale comes from build/convergence_bench --others N.
 """
 
+import json
 import select
 import subprocess
 import time
@@ -37,6 +39,8 @@ KEY_CLIENT_FIRST = "127.1.0.1"
 # clients have one connection each.
 CONN_RATE = "10m"
 KEY_RATE = "2k"
+# How long the server may take to accept what the clients opened.
+ACCEPT_WAIT_S = 60.0
 ZONE_SIZE = "32m"  # 127 000 keys and connections (about 264 bytes each)
 MODE = "budget"
 
@@ -146,6 +150,26 @@ def _cpu_spent(before, after):
     return watcher, process
 
 
+def _wait_accepted(srv, held, limit_s):
+    """Seconds until the server's zone counts `held` connections (at once
+    without a zone: nothing to wait for), None if not within limit_s."""
+    if not srv.zone:
+        return 0.0
+    start = time.monotonic()
+    while True:
+        try:
+            cp = harness.run_cli("stat", "--zone", srv.zone, "--json", "--top", "1",
+                                 timeout=10.0)
+            used = json.loads(cp.stdout)["used"]["connections"]
+        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            used = -1
+        if used >= held:
+            return time.monotonic() - start
+        if time.monotonic() - start > limit_s:
+            return None
+        time.sleep(0.5)
+
+
 def run_population(bench, name, mode, rate, stages, first_source, nsources,
                    clients_at, windows=None):
     """One nginx (4 workers) and its clients through the stages; a list of
@@ -171,10 +195,19 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
             # The watchers' CPU while the new connections open and join.
             c_open = _cpu(workers)
             held, failed, took = clients.open(n, timeout=30.0 + n / 500.0)
+            # Open for the client once the kernel has queued them; measured
+            # only once the server has accepted every one (its zone counts
+            # them), or the window would count the queued ones as served.
+            accepted_s = _wait_accepted(srv, held, ACCEPT_WAIT_S)
+            if accepted_s is None:
+                bench.warn("scale %s %d: the server had not accepted every "
+                           "connection %.0f s after they opened" % (
+                               name, n, ACCEPT_WAIT_S))
             time.sleep(settle)
             c0, m0 = _cpu(workers), clients.mark()
             joining, _ = _cpu_spent(c_open, c0)
             f = {"connections": n, "keys": clients_at(n), "open_s": round(took, 2),
+                 "accepted_s": None if accepted_s is None else round(accepted_s, 2),
                  "joined": held - held_before,
                  "watcher_cpu_s_while_joining": round(joining, 3),
                  "watcher_us_per_join": round(1e6 * joining / max(1, held - held_before), 1)}
@@ -227,8 +260,11 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                     f["zone_geometry"] = {"size": st["size"],
                                           "capacity": st["capacity"]}
             log("  %-5s %-10s %6d conns (%d held, %d failed, opened in %.1f s, "
-                "watchers %.0f us per join)%s; RSS %.0f MiB (anon %.0f, shmem %.0f)%s"
+                "accepted %s later, watchers %.0f us per join)%s; RSS %.0f MiB "
+                "(anon %.0f, shmem %.0f)%s"
                 % (name, mode, n, f["held"], f["failed"], took,
+                   "not all %.0f s" % ACCEPT_WAIT_S if accepted_s is None
+                   else "%.1f s" % accepted_s,
                    f["watcher_us_per_join"],
                    ": total %.3fx of %d x %s; watcher %.2f%% of a core (%.2f%% per "
                    "10k, %s outside interrupts); workers %.0f%%" % (
