@@ -51,8 +51,8 @@ if ((!quick)); then
   tsan_tests=(zone zone_layout zone_lock fd_table governor governor_pass
               snapshot cluster_agent bypass_watch)
   tsan_suites=(ZoneTest ZoneLayoutTest ZoneLockTest FdTableTest GovernorTest
-               GovernorPassTest GovernorLockTest SnapshotTest ClusterAgentTest
-               BypassWatchTest)
+               GovernorRestTest GovernorPassTest GovernorLockTest SnapshotTest
+               ClusterAgentTest BypassWatchTest)
   cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_SANITIZE=thread \
     "${sanitizer_flags[@]}" >/dev/null
