@@ -20,7 +20,6 @@ resident memory without the library. The time a join takes to reach every
 sibling at that scale comes from build/convergence_bench --others N.
 """
 
-import json
 import select
 import subprocess
 import time
@@ -150,7 +149,7 @@ def _cpu_spent(before, after):
     return watcher, process
 
 
-def _wait_accepted(srv, held, limit_s):
+def _wait_accepted(bench, srv, held, limit_s):
     """Seconds until the server's zone counts `held` connections (at once
     without a zone: nothing to wait for), None if not within limit_s."""
     if not srv.zone:
@@ -158,10 +157,8 @@ def _wait_accepted(srv, held, limit_s):
     start = time.monotonic()
     while True:
         try:
-            cp = harness.run_cli("stat", "--zone", srv.zone, "--json", "--top", "1",
-                                 timeout=10.0)
-            used = json.loads(cp.stdout)["used"]["connections"]
-        except (subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            used = bench.stat(srv).get("connections", -1)
+        except subprocess.TimeoutExpired:
             used = -1
         if used >= held:
             return time.monotonic() - start
@@ -198,7 +195,7 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
             # Open for the client once the kernel has queued them; measured
             # only once the server has accepted every one (its zone counts
             # them), or the window would count the queued ones as served.
-            accepted_s = _wait_accepted(srv, held, ACCEPT_WAIT_S)
+            accepted_s = _wait_accepted(bench, srv, held, ACCEPT_WAIT_S)
             if accepted_s is None:
                 bench.warn("scale %s %d: the server had not accepted every "
                            "connection %.0f s after they opened" % (

@@ -32,9 +32,11 @@ def key_stat(zone, key):
     return {"key": key, "active": 0, "connections": 0, "share": 0, "bytes": 0}
 
 
-def stat_json(zone, timeout=10.0):
-    """`trafficrate stat --zone ZONE --json`, parsed."""
-    cp = run_cli("stat", "--zone", zone, "--json", timeout=timeout)
+def stat_json(zone, timeout=10.0, top=None):
+    """`trafficrate stat --zone ZONE --json`, parsed; with top, only the
+    first `top` keys (cheap where a zone holds thousands)."""
+    extra = ("--top", top) if top is not None else ()
+    cp = run_cli("stat", "--zone", zone, "--json", *extra, timeout=timeout)
     if cp.returncode != 0:
         raise RuntimeError("trafficrate stat failed (%d): %s"
                            % (cp.returncode, cp.stderr.strip()))
