@@ -466,12 +466,12 @@ TEST_F(ZoneTest, ReapDeadScansTheClaimedSlotsAndNowAndThenAllOfThem) {
     EXPECT_EQ(zone->ReapDead(&procs), 0u);
     uint32_t passes = 1;
     uint32_t reaped = 0;
-    while (reaped == 0 && passes < 32) {
+    while (reaped == 0 && passes < 2 * Zone::kFullReapEvery) {
       reaped = zone->ReapDead(&procs);
       ++passes;
     }
     EXPECT_EQ(reaped, 1u);
-    EXPECT_LE(passes, 16u);
+    EXPECT_LE(passes, Zone::kFullReapEvery);
   }
   EXPECT_EQ(zone->proc(me).state.load(), kProcLive);
 }
