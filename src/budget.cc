@@ -431,6 +431,13 @@ bool LevelWorthApplying(uint64_t applied_bytes_per_sec,
   return hi - lo > hi / 25;
 }
 
+bool PaceNearLevel(uint64_t pace_bytes_per_sec, uint64_t level_bytes_per_sec) {
+  const uint64_t diff = level_bytes_per_sec > pace_bytes_per_sec
+                            ? level_bytes_per_sec - pace_bytes_per_sec
+                            : pace_bytes_per_sec - level_bytes_per_sec;
+  return pace_bytes_per_sec != 0 && diff < pace_bytes_per_sec / 16;
+}
+
 uint64_t DefaultBurstBytes(uint64_t rate_bytes_per_sec) {
   const uint64_t burst = rate_bytes_per_sec / 20;
   return std::max<uint64_t>(burst, 16 * 1024);

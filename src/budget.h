@@ -226,6 +226,13 @@ bool LevelWorthApplying(uint64_t applied_bytes_per_sec,
                         uint64_t level_bytes_per_sec,
                         uint64_t equal_bytes_per_sec = 0);
 
+// Whether one connection paced at pace_bytes_per_sec (0: not paced yet) is
+// within a sixteenth of level_bytes_per_sec: not worth a setsockopt of its
+// own. Its key's level moves by that much with every packet, and a join or
+// leave among many connections by less; the controller answers for the
+// total.
+bool PaceNearLevel(uint64_t pace_bytes_per_sec, uint64_t level_bytes_per_sec);
+
 // The default TRAFFICRATE_BURST for a rate: 50 ms of it, at least 16 KiB
 // (about ten segments, what a new connection sends unpaced anyway).
 uint64_t DefaultBurstBytes(uint64_t rate_bytes_per_sec);

@@ -304,9 +304,7 @@ bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
   // connection and tick would cost more than the whole budget allows; the
   // level moves with every packet), unless it fell by a quarter or more.
   const uint64_t level = ShareFor(zone_->key(k));
-  // Within a sixteenth: not worth a setsockopt (the key's level moves by
-  // that much with every packet; the controller answers for the total).
-  if ((level > pace ? level - pace : pace - level) < pace / 16) return false;
+  if (PaceNearLevel(pace, level)) return false;
   if (level > pace ? level - pace >= pace / 8 : pace - level >= pace / 4) {
     return true;
   }

@@ -692,6 +692,19 @@ TEST(BudgetTest, LevelWorthApplyingIgnoresSmallChanges) {
   EXPECT_TRUE(LevelWorthApplying(100'000, 95'000));
 }
 
+TEST(BudgetTest, PaceNearLevelIsWithinASixteenthOfAPaceInForce) {
+  EXPECT_TRUE(PaceNearLevel(160'000, 160'000));
+  EXPECT_TRUE(PaceNearLevel(160'000, 169'999));
+  EXPECT_FALSE(PaceNearLevel(160'000, 170'000));
+  EXPECT_TRUE(PaceNearLevel(160'000, 150'001));
+  EXPECT_FALSE(PaceNearLevel(160'000, 150'000));
+  // One join among 5 000 connections: not worth a setsockopt.
+  EXPECT_TRUE(PaceNearLevel(10'000'000 / 5000, 10'000'000 / 5001));
+  // Not paced yet: always worth one.
+  EXPECT_FALSE(PaceNearLevel(0, 0));
+  EXPECT_FALSE(PaceNearLevel(0, 1000));
+}
+
 TEST(BudgetTest, DefaultBurstIsFiftyMillisecondsOfTheRate) {
   EXPECT_EQ(DefaultBurstBytes(20 << 20), uint64_t{1} << 20);
   EXPECT_EQ(DefaultBurstBytes(1000), 16u * 1024);
