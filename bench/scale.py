@@ -25,7 +25,8 @@ import subprocess
 import time
 
 from benchlib import (BIG_FILE, SERVER_HOST, InterruptTrace, harness, jain, log, median,
-                      outside_interrupts, row, thread_cpu, watcher_tids)
+                      outside_interrupts, outside_interrupts_sampled, row, thread_cpu,
+                      watcher_tids)
 
 STAGES = (1000, 5000, 10000, 25000, 50000)
 QUICK_STAGES = (1000, 5000)
@@ -149,6 +150,10 @@ def _cpu_spent(before, after):
     return watcher, process
 
 
+def _pct(value):
+    return "n/a" if value is None else "%.2f%%" % value
+
+
 def _wait_accepted(bench, srv, held, limit_s):
     """Seconds until the server's zone counts `held` connections (at once
     without a zone: nothing to wait for), None if not within limit_s."""
@@ -222,9 +227,15 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                     bench.warn("scale %s %d: the watchers' interrupt time is "
                                "not known (%s)" % (name, n, trace.error))
                 own = outside_interrupts(watcher, irq_s)
+                sampled = outside_interrupts_sampled(watcher, trace)
                 f.update({
                     "watcher_own_cpu_pct_per_10k": None if own is None else round(
                         100.0 * own / seconds * 10000.0 / max(1, m1[2]), 3),
+                    "watcher_sampled_own_cpu_pct_per_10k": None if sampled is None
+                    else round(100.0 * sampled / seconds * 10000.0 / max(1, m1[2]), 3),
+                    "watcher_samples": None if trace is None or trace.samples is None
+                    else [sum(n for n, _ in trace.samples.values()),
+                          sum(i for _, i in trace.samples.values())],
                     "window_s": round(seconds, 2),
                     "total": round((m1[1] - m0[1]) / seconds / (f["keys"] * target), 4),
                     "watcher_cpu_pct": round(100.0 * watcher / seconds, 3),
@@ -264,11 +275,11 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                    else "%.1f s" % accepted_s,
                    f["watcher_us_per_join"],
                    ": total %.3fx of %d x %s; watcher %.2f%% of a core (%.2f%% per "
-                   "10k, %s outside interrupts); workers %.0f%%" % (
+                   "10k; outside interrupts %s bracketed, %s sampled); workers %.0f%%" % (
                        f["total"], f["keys"], rate, f["watcher_cpu_pct"],
                        f["watcher_cpu_pct_per_10k"],
-                       "n/a" if f["watcher_own_cpu_pct_per_10k"] is None
-                       else "%.2f%%" % f["watcher_own_cpu_pct_per_10k"],
+                       _pct(f["watcher_own_cpu_pct_per_10k"]),
+                       _pct(f["watcher_sampled_own_cpu_pct_per_10k"]),
                        f["workers_cpu_pct"])
                    if window else "",
                    f["rss_total_kb"] / 1024.0, f["rss_anon_kb"] / 1024.0,
@@ -354,8 +365,12 @@ def scale_rows(raw):
             # fast connections (20-100 KB/s each here) dominate: shown only.
             add("%s: watcher run time %% of a core per 10k (interrupts included)"
                 % name, f["watcher_cpu_pct_per_10k"], fmt="%.2f")
-            add("%s: watcher CPU %% of a core per 10k, outside interrupts" % name,
-                f.get("watcher_own_cpu_pct_per_10k"),
+            add("%s: watcher CPU %% of a core per 10k, outside the interrupts "
+                "that irq tracepoints bracket" % name,
+                f.get("watcher_own_cpu_pct_per_10k"), fmt="%.2f")
+            add("%s: watcher CPU %% of a core per 10k, outside interrupt context "
+                "by stack samples" % name,
+                f.get("watcher_sampled_own_cpu_pct_per_10k"),
                 hi=1.0 if f["connections"] >= 10000 else None, fmt="%.2f")
             add("%s: watcher CPU us per join while opening" % name,
                 f["watcher_us_per_join"], fmt="%.0f")
