@@ -56,6 +56,10 @@ SERVER_HOST = harness.SERVER_HOST  # 127.0.0.1
 BIG_FILE = harness.BIG_FILE        # /big.bin, 256 MiB of pseudo-random bytes
 SMALL_FILE_4K = "/4k.bin"
 LIB_MODES = ("equal", "budget")    # the table's columns
+# A library mode with this suffix runs with the packet shaper off
+# (TRAFFICRATE_SHAPE=0) whatever the run's --shape: keepalive measures the
+# shaper on against off in the same seconds.
+NO_SHAPE = "-noshape"
 # What operators use instead of the library (bench/README.md, "Comparators"),
 # measured in the accuracy scenario next to LIB_MODES. Every one runs nginx
 # without the library.
@@ -152,11 +156,14 @@ class Bench:
     def env_for(self, mode, rate, zone, **variables):
         if mode == IDLE_THREAD:
             return {"LD_PRELOAD": self.idle_thread_lib()}
-        if mode not in LIB_MODES:
+        share = lib_mode(mode)
+        if share is None:
             return {}
+        if mode != share:
+            variables["SHAPE"] = "0"
         variables.setdefault("SHAPE", getattr(self, "shape", None))
         return harness.preload_env(zone, rate, library=self.library,
-                                   SHARE=mode, **variables)
+                                   SHARE=share, **variables)
 
     @contextmanager
     def server(self, mode, rate, workers=2, connections=1024, **variables):
@@ -167,7 +174,7 @@ class Bench:
         Yields the server; stops it (by pid) and removes its zone after."""
         zone = harness.unique_zone("bench-%s" % mode)
         harness.remove_zone(zone)
-        lib = mode in LIB_MODES
+        lib = lib_mode(mode) is not None
         nginx_kw = {}
         if mode in ("limit_rate", "limit_conn"):
             nginx_kw["limit_rate"] = rate
@@ -984,6 +991,13 @@ class InterruptTrace:
         # No event at all: no interrupt came while they ran (an upper bound
         # for their own CPU either way).
         return spent
+
+
+def lib_mode(mode):
+    """The share mode of a library mode (LIB_MODES, or one of them with
+    NO_SHAPE), or None if mode runs no library."""
+    base = mode[:-len(NO_SHAPE)] if mode.endswith(NO_SHAPE) else mode
+    return base if base in LIB_MODES else None
 
 
 def outside_interrupts(run_s, irq_s):

@@ -14,6 +14,7 @@ from contextlib import ExitStack
 import traceback
 
 from benchlib import (BIG_FILE, IDLE_THREAD, IDLE_THREAD_LIB, LIB_MODES, LIMIT_CONN,
+                      NO_SHAPE,
                       SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, InterruptTrace, drive,
                       drive_parallel, harness, http_request, jain, log, median,
                       outside_interrupts, outside_interrupts_sampled, percentile, process_cpu, row, spread,
@@ -120,7 +121,10 @@ def keepalive(bench):
     whole core: the figure errs against the library.
 
     Next to the library: nginx with a preload that only starts an idle
-    thread (IDLE_THREAD), what any in-process watcher thread costs."""
+    thread (IDLE_THREAD), what any in-process watcher thread costs. With the
+    shaper on, each mode also runs against itself with the shaper off
+    (NO_SHAPE), in the same seconds: what the shaper costs a server whose
+    key is far below its rate."""
     rounds, seconds = (2, 1) if bench.quick else (7, 2)
     pin = _pinnable()
     if not pin:
@@ -128,10 +132,12 @@ def keepalive(bench):
     others = MODES + ((IDLE_THREAD,) if bench.idle_thread_lib() else ())
     if IDLE_THREAD not in others:
         bench.warn("keepalive: %s not built: no idle-thread floor" % IDLE_THREAD_LIB)
+    unshaped = (tuple(m + NO_SHAPE for m in MODES)
+                if getattr(bench, "shape", None) != "0" else ())
     rows, raw = [], {}
     with ExitStack() as stack:
         srvs = {m: stack.enter_context(bench.server(m, "65536m", workers=1))
-                for m in ("none",) + others}
+                for m in ("none",) + others + unshaped}
         if pin:
             for srv in srvs.values():
                 _pin(srv.worker_pids(), 0)
@@ -144,6 +150,7 @@ def keepalive(bench):
             per_cpu = {m: [] for m in others}  # work per CPU-s, m / none
             per_sec = {m: [] for m in others}  # work per second, m / none
             values = {m: [] for m in ("none",) + others}
+            shaper = {m: [] for m in MODES}  # work per CPU-s, shaper on / off
             problems = []
             for i in range(rounds):
                 for m in (others if i % 2 == 0 else others[::-1]):
@@ -157,12 +164,24 @@ def keepalive(bench):
                     values[m].append(v1)
                     per_sec[m].append(v1 / v0 if v0 > 0 else 0.0)
                     per_cpu[m].append(v1 / c1 / (v0 / c0) if min(v0, c0, c1) > 0 else 0.0)
+                for m in (MODES if unshaped else ()):
+                    off = m + NO_SHAPE
+                    pair = {n: srvs[n] for n in ((m, off) if i % 2 == 0 else (off, m))}
+                    got, errs = wrk_side_by_side(pair, seconds, headers,
+                                                 client_cpu=1 if pin else None,
+                                                 **wrk_kw)
+                    problems += ["round %d: %s" % (i, e) for e in errs]
+                    (v_on, c_on), (v_off, c_off) = got[m], got[off]
+                    shaper[m].append(v_on / c_on / (v_off / c_off)
+                                     if min(v_on, c_on, v_off, c_off) > 0 else 0.0)
                 log("  %-14s round %d/%d: %s" % (variant, i + 1, rounds, ", ".join(
-                    "%s %.3fx/CPU-s %.3fx/s" % (m, per_cpu[m][-1], per_sec[m][-1])
-                    for m in others)))
+                    ["%s %.3fx/CPU-s %.3fx/s" % (m, per_cpu[m][-1], per_sec[m][-1])
+                     for m in others] + ["%s shaper on/off %.3fx/CPU-s" % (m, shaper[m][-1])
+                                         for m in (MODES if unshaped else ())])))
             for p in problems:
                 bench.warn("wrk " + p)
             raw[variant] = {"values": values, "per_cpu": per_cpu, "per_sec": per_sec,
+                            "shaper_on_per_off": shaper if unshaped else None,
                             "pinned": pin, "seconds": seconds,
                             "wrk_problems": problems}
             unit = "B" if wrk_kw.get("what") == "bytes" else "req"
@@ -171,6 +190,10 @@ def keepalive(bench):
                             {m: median(per_cpu[m]) for m in MODES}, lo=lo))
             rows.append(row("keepalive", "%s: %s/s vs none, same seconds" % (variant, unit),
                             {m: median(per_sec[m]) for m in MODES}))
+            if unshaped:
+                rows.append(row("keepalive", "%s: %s per CPU-second, shaper on / off, "
+                                "same seconds (median of %d)" % (variant, unit, rounds),
+                                {m: median(shaper[m]) for m in MODES}))
             if IDLE_THREAD in others:
                 floor = median(per_cpu[IDLE_THREAD])
                 rows.append(row("keepalive", "%s: idle-thread floor, %s per CPU-second "
