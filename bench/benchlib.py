@@ -951,7 +951,14 @@ class InterruptTrace:
                 pass
         depth, since, spent = {}, {}, {t: 0.0 for t in self.tids}
         self.samples = {t: [0, 0] for t in self.tids}
-        sample = None  # the counts of the stack being read
+        sample = None  # [tid, in interrupt context] of the stack being read
+
+        def count(sample):
+            if sample is not None:
+                counts = self.samples.setdefault(sample[0], [0, 0])
+                counts[0] += 1
+                counts[1] += sample[1]
+
         for line in out.splitlines():
             if line.startswith("\t"):
                 # A frame of the last stack sample: "<ip> <symbol>" (the
@@ -961,11 +968,8 @@ class InterruptTrace:
                         and frame[1].startswith(IRQ_FRAMES)):
                     sample[1] = 1
                 continue
-            if sample is not None:
-                counts = self.samples.setdefault(sample[0], [0, 0])
-                counts[0] += 1
-                counts[1] += sample[1]
-                sample = None
+            count(sample)
+            sample = None
             parts = line.split()
             if len(parts) < 3:
                 continue
@@ -984,13 +988,18 @@ class InterruptTrace:
                 depth[tid] -= 1
                 if depth[tid] == 0:
                     spent[tid] = spent.get(tid, 0.0) + at - since.pop(tid)
-        if sample is not None:
-            counts = self.samples.setdefault(sample[0], [0, 0])
-            counts[0] += 1
-            counts[1] += sample[1]
+        count(sample)
         # No event at all: no interrupt came while they ran (an upper bound
         # for their own CPU either way).
         return spent
+
+    def sample_totals(self):
+        """[stack samples, in interrupt context] over all threads, or None
+        before stop() counted them."""
+        if self.samples is None:
+            return None
+        return [sum(n for n, _ in self.samples.values()),
+                sum(i for _, i in self.samples.values())]
 
 
 def lib_mode(mode):
@@ -1010,11 +1019,10 @@ def outside_interrupts_sampled(run_s, trace):
     """Threads' CPU seconds outside interrupts by their stack samples: run_s
     times the part of trace's samples (InterruptTrace, stopped) not in
     interrupt context; None without samples."""
-    if trace is None or not trace.samples:
+    totals = None if trace is None else trace.sample_totals()
+    if not totals or totals[0] == 0:
         return None
-    total = sum(n for n, _ in trace.samples.values())
-    irq = sum(i for _, i in trace.samples.values())
-    return None if total == 0 else run_s * (total - irq) / total
+    return run_s * (totals[0] - totals[1]) / totals[0]
 
 
 def watcher_tids(pid, name="trafficrate"):

@@ -233,9 +233,7 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
                         100.0 * own / seconds * 10000.0 / max(1, m1[2]), 3),
                     "watcher_sampled_own_cpu_pct_per_10k": None if sampled is None
                     else round(100.0 * sampled / seconds * 10000.0 / max(1, m1[2]), 3),
-                    "watcher_samples": None if trace is None or trace.samples is None
-                    else [sum(n for n, _ in trace.samples.values()),
-                          sum(i for _, i in trace.samples.values())],
+                    "watcher_samples": None if trace is None else trace.sample_totals(),
                     "window_s": round(seconds, 2),
                     "total": round((m1[1] - m0[1]) / seconds / (f["keys"] * target), 4),
                     "watcher_cpu_pct": round(100.0 * watcher / seconds, 3),

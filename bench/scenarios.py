@@ -14,11 +14,11 @@ from contextlib import ExitStack
 import traceback
 
 from benchlib import (BIG_FILE, IDLE_THREAD, IDLE_THREAD_LIB, LIB_MODES, LIMIT_CONN,
-                      NO_SHAPE,
-                      SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, InterruptTrace, drive,
-                      drive_parallel, harness, http_request, jain, log, median,
-                      outside_interrupts, outside_interrupts_sampled, percentile, process_cpu, row, spread,
-                      thread_cpu, trickle_evidence, watcher_tids)
+                      NO_SHAPE, SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, InterruptTrace,
+                      drive, drive_parallel, harness, http_request, jain, log, median,
+                      outside_interrupts, outside_interrupts_sampled, percentile,
+                      process_cpu, row, spread, thread_cpu, trickle_evidence,
+                      watcher_tids)
 from benchlib import windows as windows_of
 from scale import scale
 
@@ -152,28 +152,28 @@ def keepalive(bench):
             values = {m: [] for m in ("none",) + others}
             shaper = {m: [] for m in MODES}  # work per CPU-s, shaper on / off
             problems = []
+
+            def side_by_side(i, base, m):
+                """base and m at the same time (base first in even rounds):
+                ((base's work, CPU s), (m's)), and m's work per CPU-second
+                over base's."""
+                pair = {n: srvs[n] for n in ((base, m) if i % 2 == 0 else (m, base))}
+                got, errs = wrk_side_by_side(pair, seconds, headers,
+                                             client_cpu=1 if pin else None, **wrk_kw)
+                problems.extend("round %d: %s" % (i, e) for e in errs)
+                (v0, c0), (v1, c1) = got[base], got[m]
+                return got[base], got[m], (v1 / c1 / (v0 / c0)
+                                           if min(v0, c0, c1) > 0 else 0.0)
+
             for i in range(rounds):
                 for m in (others if i % 2 == 0 else others[::-1]):
-                    pair = {n: srvs[n] for n in (("none", m) if i % 2 == 0 else (m, "none"))}
-                    got, errs = wrk_side_by_side(pair, seconds, headers,
-                                                 client_cpu=1 if pin else None,
-                                                 **wrk_kw)
-                    problems += ["round %d: %s" % (i, e) for e in errs]
-                    (v0, c0), (v1, c1) = got["none"], got[m]
+                    (v0, _), (v1, _), ratio = side_by_side(i, "none", m)
                     values["none"].append(v0)
                     values[m].append(v1)
                     per_sec[m].append(v1 / v0 if v0 > 0 else 0.0)
-                    per_cpu[m].append(v1 / c1 / (v0 / c0) if min(v0, c0, c1) > 0 else 0.0)
+                    per_cpu[m].append(ratio)
                 for m in (MODES if unshaped else ()):
-                    off = m + NO_SHAPE
-                    pair = {n: srvs[n] for n in ((m, off) if i % 2 == 0 else (off, m))}
-                    got, errs = wrk_side_by_side(pair, seconds, headers,
-                                                 client_cpu=1 if pin else None,
-                                                 **wrk_kw)
-                    problems += ["round %d: %s" % (i, e) for e in errs]
-                    (v_on, c_on), (v_off, c_off) = got[m], got[off]
-                    shaper[m].append(v_on / c_on / (v_off / c_off)
-                                     if min(v_on, c_on, v_off, c_off) > 0 else 0.0)
+                    shaper[m].append(side_by_side(i, m + NO_SHAPE, m)[2])
                 log("  %-14s round %d/%d: %s" % (variant, i + 1, rounds, ", ".join(
                     ["%s %.3fx/CPU-s %.3fx/s" % (m, per_cpu[m][-1], per_sec[m][-1])
                      for m in others] + ["%s shaper on/off %.3fx/CPU-s" % (m, shaper[m][-1])
