@@ -12,7 +12,9 @@ harness.py).
     undoes chunked framing and gzip, hashes the content and is checked
     after each test (conftest.py): every byte must be the served file's;
   * Measurement (rates over a window), bucket_rates() (per-second rates) and
-    within() to compare a rate with its target;
+    within() to compare a rate with its target; pauses_in() says where this
+    client process itself stood still (PauseWatch), so that a second whose
+    bytes it read late is not judged as the server's;
   * who serves whom: socket_owners() (which pid holds which TCP connection,
     via ss), established(), and probe_owner() / ports_by_worker() to pick
     source ports that land on chosen nginx reuseport workers.
@@ -175,6 +177,54 @@ def keepalive_get(sock, port, path=SMALL_FILE, host=SERVER_HOST, timeout=5.0):
     return body
 
 
+class PauseWatch(threading.Thread):
+    """Where this client process stood still: a thread that wakes every
+    TICK_S and records each gap longer than PAUSE_S between two wakes.
+
+    Every client here is a Python thread of the test process; when that
+    process does not run (a thread holding the GIL blocked in the kernel:
+    measured under load, an mprotect growing a malloc arena waiting 1-3 s
+    in vma_prepare, the whole process with it), bytes that arrived on
+    time are read, and so counted, late: a second of 0 then one of 3x,
+    for any server and with or without the library. A gap here is such a
+    stall, whatever its cause. One per process: pause_watch()."""
+
+    TICK_S = 0.01
+    PAUSE_S = 0.1
+
+    def __init__(self):
+        super().__init__(daemon=True, name="pause-watch")
+        self.pauses = []  # (monotonic start, end) of each gap > PAUSE_S
+
+    def run(self):
+        last = time.monotonic()
+        while True:
+            time.sleep(self.TICK_S)
+            now = time.monotonic()
+            if now - last > self.PAUSE_S:
+                self.pauses.append((last, now))
+            last = now
+
+
+_pause_watch = None
+_pause_watch_lock = threading.Lock()
+
+def pause_watch():
+    """The process's PauseWatch, started on first use (by every client)."""
+    global _pause_watch
+    with _pause_watch_lock:
+        if _pause_watch is None:
+            _pause_watch = PauseWatch()
+            _pause_watch.start()
+        return _pause_watch
+
+
+def pauses_in(a, b):
+    """The pauses of this client process (PauseWatch) that overlap [a, b],
+    as (start, end) pairs: a rate over [a, b] is then not the server's."""
+    return [(s, e) for s, e in list(pause_watch().pauses) if s < b and e > a]
+
+
 class Download(threading.Thread):
     """One HTTP GET of a big file from a chosen source address, read flat out.
 
@@ -222,6 +272,10 @@ class Download(threading.Thread):
         self.error = None
         self.eof = False
         self._stop_event = threading.Event()
+
+    def start(self):
+        pause_watch()
+        super().start()
 
     def stop(self):
         self._stop_event.set()
@@ -419,6 +473,10 @@ class Measurement:
         for source, r in self.per_source.items():
             ratio = "" if not self.target else "  = %.4f x target" % (r / self.target)
             lines.append("  %-16s %10.0f B/s total%s" % (source, r, ratio))
+        paused = paused_seconds(self.t0, self.t1)
+        if paused:
+            lines.append("  the test client stood still %.2f s in this window "
+                         "(PauseWatch): its rates are not the server's" % paused)
         return "\n".join(lines)
 
 
@@ -432,6 +490,19 @@ def bucket_rates(downloads, t0, t1, step=1.0):
         rates = [d.rate(a, b) for d in downloads]
         result.append((a, b, sum(rates), rates))
     return result
+
+
+def on_time(rows):
+    """The rows of bucket_rates() that no pause of this client process
+    overlaps (pauses_in): those whose bytes were read as they came. A
+    pause moves bytes from its seconds into the second it ends in, so both
+    are left out; the mean of the rest is the rate over the seconds left."""
+    return [r for r in rows if not pauses_in(r[0], r[1])]
+
+
+def paused_seconds(t0, t1):
+    """How long this client process stood still within [t0, t1]."""
+    return sum(min(e, t1) - max(s, t0) for s, e in pauses_in(t0, t1))
 
 
 class DownloadSet:

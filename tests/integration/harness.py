@@ -58,8 +58,9 @@ from budget_clients import PacedDownload
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
                      KeepaliveDownload, Measurement, PausingDownload,
                      bucket_rates, established, http_get, keepalive_get,
-                     open_keepalive, ports_by_worker, probe_owner,
-                     run_downloads, socket_owners, within)
+                     on_time, open_keepalive, paused_seconds, pauses_in,
+                     ports_by_worker, probe_owner, run_downloads,
+                     socket_owners, within)
 # A private name, but tests connect from chosen source ports with it.
 from clients import _connect
 from demo import main

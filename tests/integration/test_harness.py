@@ -5,14 +5,17 @@ kernel pacing (SO_MAX_PACING_RATE, what the library sets) applied statically
 by pyserver.py --pace. If the client-side measurement reads them within 3%,
 the harness can be trusted to judge trafficrate. Also checks that source
 addresses, worker discovery, keep-alive helpers and server shutdown behave as
-the other tests assume, and that the check of every byte (bodies.py, run
-after each test by conftest.py) reports a flipped byte.
+the other tests assume, that the check of every byte (bodies.py, run
+after each test by conftest.py) reports a flipped byte, and that a stall of
+the test process itself is seen (PauseWatch) and its seconds not judged.
 """
 
+import ctypes
 import gzip
 import hashlib
 import socket
 import threading
+import time
 
 import pytest
 
@@ -266,3 +269,22 @@ def test_the_check_after_each_test_fails_a_test_with_a_corrupt_body():
     """Leaves a corrupt body to conftest.py's check after the test: it must
     fail this test (xfail strict: passing would be an error)."""
     fetch_from(OneShotServer(100000, "length", corrupt_at=99999))
+
+
+def test_a_stall_of_the_test_process_is_seen_and_its_seconds_not_judged():
+    """A C call that holds the GIL for 0.4 s (usleep through ctypes.PyDLL,
+    which does not release it) stops every thread of the process, as the
+    kernel stalls PauseWatch was made for did: the pause is recorded, and
+    on_time() drops the 1 s rows it overlaps and keeps the others."""
+    harness.pauses_in(0, 0)  # starts the watch
+    time.sleep(0.2)
+    before = time.monotonic()
+    ctypes.PyDLL(None).usleep(400000)
+    after = time.monotonic()
+    time.sleep(0.1)
+    pauses = harness.pauses_in(before, after)
+    assert len(pauses) == 1 and pauses[0][1] - pauses[0][0] >= 0.35, pauses
+    assert harness.paused_seconds(before - 0.5, after + 0.5) >= 0.35
+    rows = [(before - 2.0, before - 1.0, 0, []), (before - 0.5, before + 0.5, 0, []),
+            (after + 0.2, after + 1.2, 0, [])]
+    assert harness.on_time(rows) == [rows[0], rows[2]]

@@ -58,6 +58,12 @@ removes, so that the shaped runs cannot pass for want of one; the shaper's
 counters in stat must show it cut the shaped runs' sends and none of the
 controls'.
 
+Every rate is judged over the 1 s windows in which the test client itself
+ran (harness.on_time): a second in which the client process stood still
+(clients.PauseWatch; measured under load: 1-6 s, a Python thread holding the
+GIL blocked in the kernel) is shown and not judged, and at least half of a
+span's seconds must be left.
+
 Run with -s to see the figures; they are in every assertion message too.
 """
 
@@ -177,9 +183,35 @@ def sleep_until(t):
 def bucket_text(rows, base, target):
     lines = ["  second      client B/s   x target"]
     for a, b, total, _ in rows:
-        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f" % (a - base, b - base, total,
-                                                      total / target))
+        paused = harness.paused_seconds(a, b)
+        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f%s" % (
+            a - base, b - base, total, total / target,
+            "   not judged: the test client stood still %.2f s" % paused
+            if paused else ""))
     return "\n".join(lines)
+
+
+# A second in which the test process itself stood still (harness.pauses_in)
+# is not judged; at least this many of a span's seconds must be.
+MIN_ON_TIME = 0.5
+
+
+def mean(values):
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def on_time_rate(rows):
+    """The mean rate over the seconds read on time (harness.on_time): the
+    total over the span when no pause touched it."""
+    return mean(r[2] for r in harness.on_time(rows))
+
+
+def enough_on_time(rows, report):
+    on_time = len(harness.on_time(rows))
+    assert on_time >= MIN_ON_TIME * len(rows), (
+        "the test client stood still in %d of %d seconds (PauseWatch): too few "
+        "left to judge\n%s" % (len(rows) - on_time, len(rows), report))
 
 
 def ratio_text(rate, target):
@@ -233,13 +265,13 @@ def big_mtu(test_namespace, webroot):
         for r in results.values():
             dset, base = r["dset"], r["base"]
             rows = harness.bucket_rates(dset.downloads, base, base + BIG_MTU_SECONDS)
-            total = sum(d.bytes_at(base + BIG_MTU_SECONDS)
-                        for d in dset.downloads) / BIG_MTU_SECONDS
+            total = on_time_rate(rows)
             r["found"], summary = harness.body_problems(dset.downloads)
             r.update(
                 rows=rows, total=total, errors=dset.errors(),
                 first=rows[0][2] / BIG_MTU_TARGET,
-                worst=max(row[2] for row in rows) / BIG_MTU_TARGET,
+                worst=max((row[2] for row in harness.on_time(rows)),
+                          default=0.0) / BIG_MTU_TARGET,
                 report="%s, TRAFFICRATE_SHAPE %s, lo MTU %d, tcp_tso_rtt_log %s, "
                        "client %s: 3 downloads, %d s from the first connect\n%s\n"
                        "client total %s\nshaper: %s\n%s\n%s" % (
@@ -266,6 +298,7 @@ def test_default_mtu_loopback_holds_the_rate_from_the_first_second(big_mtu):
     r = big_mtu["shaped"]
     report = big_mtu_report(r)
     assert shaped(r["shaper"]), report
+    enough_on_time(r["rows"], report)
     ratio = r["total"] / BIG_MTU_TARGET
     assert BIG_MTU_TOTAL_MIN <= ratio <= BIG_MTU_TOTAL_MAX, report
     assert r["worst"] <= BIG_MTU_SECOND_MAX, "a second at %.4f x\n%s" % (
@@ -368,9 +401,10 @@ def finish_many(s):
     base = dset.start_at
     t0, t1 = s["window"]
     rows = harness.bucket_rates(dset.downloads, t0, t1)
-    total = sum(d.rate(t0, t1) for d in dset.downloads)
+    total = on_time_rate(rows)
     s["rows"], s["total"] = rows, total
-    s["bad"] = [(round(a - base, 1), round(total / TARGET, 4)) for a, _, total, _ in rows
+    s["bad"] = [(round(a - base, 1), round(total / TARGET, 4))
+                for a, _, total, _ in harness.on_time(rows)
                 if not harness.within(total, TARGET, MANY_WINDOW_TOLERANCE)]
     s["report"] = ("%s, %s, TRAFFICRATE_SHAPE %s, client %s: %d downloads; 1 s "
                    "windows of the total, from %.1f s after the start\n%s\ntotal %s; "
@@ -384,35 +418,58 @@ def finish_many(s):
                        "\n".join(dset.errors())))
 
 
+def on_time_seconds(s, rows):
+    """Keeps the scenario's 1 s windows that the test client read on time
+    (harness.on_time) and returns them. A pause of the client loses more
+    than its own seconds where a connection is fast: its receive window
+    fills and the server, held by it, sends nothing. Each figure of these
+    scenarios is therefore a mean over such windows."""
+    s["rows"], s["on_time"] = rows, harness.on_time(rows)
+    return s["on_time"]
+
+
+def paused_text(s):
+    if len(s["on_time"]) == len(s["rows"]):
+        return ""
+    return ("the test client stood still in %d of the %d seconds (PauseWatch): "
+            "figures over the other %d\n" % (
+                len(s["rows"]) - len(s["on_time"]), len(s["rows"]), len(s["on_time"])))
+
+
 def finish_shorts(s):
     dset, shorts = s["dset"], s["shorts"]
     t0, t1 = s["window"]
     longs = dset.measure(t0, t1, TARGET)
-    short_rate = shorts.rate(t0, t1)
-    s["total"] = longs.source_rate(s["client"]) + short_rate
-    s["started_in_window"] = sum(1 for f in shorts.fetches if t0 <= f.started_at < t1)
+    seconds = on_time_seconds(s, harness.bucket_rates(dset.downloads + [shorts], t0, t1))
+    short_rate = mean(r[3][-1] for r in seconds)
+    s["total"] = mean(r[2] for r in seconds)
+    s["started_in_window"] = sum(1 for f in shorts.fetches
+                                 if any(a <= f.started_at < b for a, b, _, _ in seconds))
     s["complete"] = sum(1 for f in shorts.fetches if f.complete)
     s["errors"] = dset.errors() + ([shorts.error] if shorts.error else [])
     s["report"] = ("%s, %s, client %s: 4 long downloads + 64 KiB Range requests, "
                    "10 new connections a second\n%s\nshort ones %.0f B/s, %d started "
-                   "in the window; %s\nclient total %s\n%s" % (
+                   "in the window; %s\nclient total %s\n%s%s" % (
                        s["server"].title, s["mode_text"], s["client"], longs.report(),
                        short_rate, s["started_in_window"], shorts.summary(),
-                       ratio_text(s["total"], TARGET), "\n".join(s["errors"])))
+                       ratio_text(s["total"], TARGET), paused_text(s),
+                       "\n".join(s["errors"])))
 
 
 def finish_slow(s):
     dset, slow = s["dset"], s["slow"]
     t0, t1 = s["window"]
     m = dset.measure(t0, t1, TARGET)
-    s["total"] = m.source_rate(s["client"])
-    s["slow_rate"] = slow.rate(t0, t1)
+    seconds = on_time_seconds(s, harness.bucket_rates(dset.downloads, t0, t1))
+    s["total"] = mean(r[2] for r in seconds)
+    s["slow_rate"] = mean(r[3][dset.downloads.index(slow)] for r in seconds)
     s["owners"] = sorted(min(p) for p in s.get("seen", {}).values())
     s["report"] = ("%s, %s, client %s: 3 downloads + 1 read at %d B/s, 2 on each "
-                   "worker %s\n%s\nclient total %s; slow one %.0f B/s\nowners %s\n%s" % (
+                   "worker %s\n%s\nclient total %s; slow one %.0f B/s\nowners %s\n%s%s" % (
                        s["server"].title, s["mode_text"], s["client"], SLOW_READ_RATE,
                        list(s["workers"]), m.report(), ratio_text(s["total"], TARGET),
-                       s["slow_rate"], s["owners"], "\n".join(dset.errors())))
+                       s["slow_rate"], s["owners"], paused_text(s),
+                       "\n".join(dset.errors())))
 
 
 @pytest.fixture(scope="module")
@@ -487,6 +544,7 @@ def test_64_connections_every_second_holds_the_rate(rates):
     report = rate_report(s)
     assert shaped(s["shaper"]), report
     assert len(s["rows"]) == int(WINDOW_S), report
+    enough_on_time(s["rows"], report)
     assert harness.within(s["total"], TARGET, MANY_TOTAL_TOLERANCE), report
     assert not s["bad"], "seconds off by more than %d%%: %s\n%s" % (
         100 * MANY_WINDOW_TOLERANCE, s["bad"], report)
@@ -510,7 +568,9 @@ def test_short_requests_next_to_long_downloads_keep_the_total(rates, name):
     s = rates[name]
     report = rate_report(s)
     assert not s["errors"], report
-    assert s["started_in_window"] >= 0.9 * WINDOW_S * 10, report  # kept its pace
+    enough_on_time(s["rows"], report)
+    # kept its pace
+    assert s["started_in_window"] >= 0.9 * len(s["on_time"]) * 10, report
     assert s["complete"] >= 5, report
     low, high = SHORTS_TOTAL
     if budget_target_applies(s):
@@ -527,6 +587,7 @@ def test_a_slow_reader_leaves_its_share_to_its_siblings(rates, name):
     report = rate_report(s)
     w0, w1 = s["workers"]
     assert s["owners"] == sorted([w0, w0, w1, w1]), report
+    enough_on_time(s["rows"], report)
     assert harness.within(s["slow_rate"], SLOW_READ_RATE, 0.15), report
     assert s["total"] <= 1.05 * TARGET, report
     if budget_target_applies(s):
