@@ -75,16 +75,28 @@ def live_downloads(downloads):
 
 def bucket_table(downloads, base, spans, expected_active=None):
     """Rows (start s, end s, total B/s, ratio, n receiving) for 1 s buckets
-    inside each (from, to) span, times relative to base; and its text."""
-    rows = []
+    inside each (from, to) span, times relative to base; and its text. A
+    bucket in which the test client itself stood still (harness.on_time)
+    is shown and left out of the rows; at least half must be left."""
+    rows, lines = [], ["  bucket        client B/s   x target  receiving"]
+    count = 0
     for a, b in spans:
-        for t0, t1, total, rates in harness.bucket_rates(downloads, base + a, base + b):
+        for row in harness.bucket_rates(downloads, base + a, base + b):
+            t0, t1, total, rates = row
             receiving = sum(1 for r in rates if r > 0)
-            rows.append((t0 - base, t1 - base, total, total / TARGET, receiving))
-    lines = ["  bucket        client B/s   x target  receiving"]
-    for a, b, total, ratio, n in rows:
-        lines.append("  [%4.1f,%4.1f) %12.0f %10.4f %10d" % (a, b, total, ratio, n))
-    return rows, "\n".join(lines)
+            count += 1
+            on_time = bool(harness.on_time([row]))
+            if on_time:
+                rows.append((t0 - base, t1 - base, total, total / TARGET, receiving))
+            lines.append("  [%4.1f,%4.1f) %12.0f %10.4f %10d%s" % (
+                t0 - base, t1 - base, total, total / TARGET, receiving,
+                "" if on_time else "  not judged: the test client stood still "
+                "%.2f s" % harness.paused_seconds(t0, t1)))
+    table = "\n".join(lines)
+    assert 2 * len(rows) >= count, (
+        "the test client stood still in %d of %d buckets (PauseWatch): too few "
+        "left to judge\n%s" % (count - len(rows), count, table))
+    return rows, table
 
 
 def on_library(pid):
