@@ -209,6 +209,7 @@ class PauseWatch(threading.Thread):
 _pause_watch = None
 _pause_watch_lock = threading.Lock()
 
+
 def pause_watch():
     """The process's PauseWatch, started on first use (by every client)."""
     global _pause_watch
@@ -503,6 +504,19 @@ def on_time(rows):
 def paused_seconds(t0, t1):
     """How long this client process stood still within [t0, t1]."""
     return sum(min(e, t1) - max(s, t0) for s, e in pauses_in(t0, t1))
+
+
+# Of a span's 1 s windows, at least this part must be on time (on_time()).
+MIN_ON_TIME = 0.5
+
+
+def require_on_time(count, on_time_count, report, what="seconds"):
+    """Fails (AssertionError) unless at least MIN_ON_TIME of `count` windows
+    were read on time: fewer are too few to judge a rate by."""
+    if on_time_count < MIN_ON_TIME * count:
+        raise AssertionError(
+            "the test client stood still in %d of %d %s (PauseWatch): too few "
+            "left to judge\n%s" % (count - on_time_count, count, what, report))
 
 
 class DownloadSet:

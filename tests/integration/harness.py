@@ -59,8 +59,8 @@ from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
                      KeepaliveDownload, Measurement, PausingDownload,
                      bucket_rates, established, http_get, keepalive_get,
                      on_time, open_keepalive, paused_seconds, pauses_in,
-                     ports_by_worker, probe_owner, run_downloads,
-                     socket_owners, within)
+                     ports_by_worker, probe_owner, require_on_time,
+                     run_downloads, socket_owners, within)
 # A private name, but tests connect from chosen source ports with it.
 from clients import _connect
 from demo import main

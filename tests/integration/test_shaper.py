@@ -191,11 +191,6 @@ def bucket_text(rows, base, target):
     return "\n".join(lines)
 
 
-# A second in which the test process itself stood still (harness.pauses_in)
-# is not judged; at least this many of a span's seconds must be.
-MIN_ON_TIME = 0.5
-
-
 def mean(values):
     values = list(values)
     return sum(values) / len(values) if values else 0.0
@@ -208,10 +203,7 @@ def on_time_rate(rows):
 
 
 def enough_on_time(rows, report):
-    on_time = len(harness.on_time(rows))
-    assert on_time >= MIN_ON_TIME * len(rows), (
-        "the test client stood still in %d of %d seconds (PauseWatch): too few "
-        "left to judge\n%s" % (len(rows) - on_time, len(rows), report))
+    harness.require_on_time(len(rows), len(harness.on_time(rows)), report)
 
 
 def ratio_text(rate, target):
