@@ -236,6 +236,11 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
   }
   next.start_pending_bytes = input.start_pending_bytes;
   if (dt_ns == 0) return next;
+  if (input.count_late_ns > kBudgetLateHoldNs && dt_ns < kBudgetMaxHoldNs) {
+    // Part of the count is late: decided once it is in, over the whole
+    // span, where the bytes it brings are no lump.
+    return next;
+  }
   const double dt = static_cast<double>(dt_ns);
   double bytes = static_cast<double>(input.sent_bytes - state.sent_bytes);
 

@@ -50,6 +50,13 @@
 //   back, so request/response traffic runs as without the library. It is
 //   bound again as soon as it sends 90% of its rate or owes.
 //
+// * Each process's watcher counts its own connections. While one of them
+//   is late (its process got no CPU for a while, BudgetInput::
+//   count_late_ns) the key is not decided: its count lacks what that
+//   process's connections sent meanwhile, and would take it for unused and
+//   then, when it comes, for a burst over the rate. At most
+//   kBudgetMaxHoldNs.
+//
 // A departure time the kernel already scheduled cannot be pulled back (a
 // packet's gap is fixed at the rate in force when it leaves). So the
 // controller's speed and reach follow the gap between a connection's
@@ -100,6 +107,19 @@ inline constexpr uint32_t kBoostUnbound = UINT32_MAX;
 // samples it about every two segments, at least every 2 s, and estimates
 // in between; a quarter second of its level covers that on average.
 inline constexpr int64_t kBudgetCountLagNs = 250'000'000;
+
+// A watcher holding part of a key's count that is later than this past its
+// due time (BudgetInput::count_late_ns) holds the key's decisions: its
+// connections went on sending, and their bytes would show up at once when
+// it runs, after ticks that took them for unused (the bank clipped, the
+// boost raised) as a lump over the rate (a debt, a cut). A shorter lag is
+// within kBudgetCountLagNs.
+inline constexpr int64_t kBudgetLateHoldNs = 2 * kBudgetTickNs;
+// A key is held at most this long since its last decision: a watcher that
+// does not come back (its process stopped) must not freeze the others, and
+// the next try, up to half a second later (the Governor holds only keys it
+// decides that often), must come before kBudgetMaxGapNs.
+inline constexpr int64_t kBudgetMaxHoldNs = 1'200'000'000;
 
 // A full segment on a 1500-byte path (the kernel's MSS there).
 inline constexpr uint64_t kSegmentBytes = 1448;
@@ -189,6 +209,10 @@ struct BudgetInput {
   // spaces its work out (cpu_budget.h) visits in rounds up to half a
   // second apart, and its keys keep their state across them.
   int64_t max_gap_ns = 0;
+  // How long past its due time the latest watcher holding part of this
+  // count is (0: none is): its connections went on sending meanwhile, and
+  // their bytes show up in the count only once it runs.
+  int64_t count_late_ns = 0;
 };
 
 // One decision. Pure; safe from any thread.

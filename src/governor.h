@@ -499,6 +499,10 @@ class Governor {
   };
   LocalKey* key_local_ = nullptr;  // zone key_capacity entries
   uint32_t tick_ = 0;
+  // Budget mode, watcher: how late the latest watcher (this one too) was
+  // at the start of this tick (Zone::LatestWatcherLateNs); its part of the
+  // counts is missing until it runs (BudgetInput::count_late_ns).
+  int64_t count_late_ns_ = 0;
   // Budget mode, watcher: its CPU allowance, which spaces the
   // per-connection work out while the watcher spends more (cpu_budget.h).
   CpuBudget cpu_;

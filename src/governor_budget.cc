@@ -66,6 +66,10 @@ constexpr uint32_t kPacketWindowTicks = 3 * kNsPerSec / kBudgetTickNs;
 static_assert(kMaxStretchedDecideGapNs +
                   2 * kMaxVisitRoundTicks * kBudgetTickNs <
               kPacketWindowTicks * kBudgetTickNs);
+// A watcher this late or more is not waited for (BudgetInput::
+// count_late_ns): its process is stopped or frozen, and its part of the
+// count will not come soon.
+constexpr int64_t kStoppedWatcherNs = 2 * kBudgetMaxHoldNs;
 // A closed connection is kept at most this long, whatever its rate.
 constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 // Kept drains' fds are duplicated to this fd number or above (or half the
@@ -210,6 +214,9 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   // Ticks are numbered by time, so that a watcher with nothing due may sleep
   // through some.
   tick_ = BudgetTickOf(now_ns);
+  // Before this tick counts anything: a watcher that is late now (this
+  // one included, until its visits below are done) misses bytes that left.
+  count_late_ns_ = zone_->LatestWatcherLateNs(now_ns, kStoppedWatcherNs);
   // Fewer, fuller ticks while the work is spaced out.
   const uint32_t round_ticks = VisitRoundTicks(cpu_);
   uint32_t next_due =
@@ -286,7 +293,16 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   // The start of tick next_due (tick numbers wrap; the difference does not).
   const int64_t ticks =
       std::max<int32_t>(1, static_cast<int32_t>(next_due - tick_));
-  return now_ns - now_ns % kBudgetTickNs + ticks * kBudgetTickNs;
+  const int64_t due_ns =
+      now_ns - now_ns % kBudgetTickNs + ticks * kBudgetTickNs;
+  if (me < zone_->proc_capacity()) {
+    // Published for the other watchers' decisions (LatestWatcherLateNs); a
+    // wake before it (a join) only makes this one early.
+    const uint32_t due_ms = static_cast<uint32_t>(due_ns / kNsPerMs);
+    zone_->proc(me).watcher_due_ms.store(due_ms != 0 ? due_ms : 1,
+                                         std::memory_order_relaxed);
+  }
+  return due_ns;
 }
 
 bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
@@ -556,6 +572,9 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   // visit round late at most): a longer gap means it was idle.
   input.max_gap_ns =
       kMaxStretchedDecideGapNs + 2 * VisitRoundTicks(cpu_) * kBudgetTickNs;
+  // Held while another watcher's part of the count is late, if tried
+  // again soon enough (kBudgetMaxHoldNs).
+  if (every <= kMaxDecideGapNs) input.count_late_ns = count_late_ns_;
   state = BudgetTick(state, input, settings);
   // Joins may have added to it meanwhile: only what this tick forgave or
   // let lapse is taken off.

@@ -997,6 +997,7 @@ uint32_t Zone::ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
     p.conns.store(0, std::memory_order_relaxed);
     p.watcher_cpu.store(0, std::memory_order_relaxed);
     p.watcher_stretch.store(0, std::memory_order_relaxed);
+    p.watcher_due_ms.store(0, std::memory_order_relaxed);
     p.started_ns = now_ns;
     p.uid.store(static_cast<uint32_t>(geteuid()), std::memory_order_relaxed);
     p.rules_seen.store(0, std::memory_order_relaxed);
@@ -1012,6 +1013,27 @@ uint32_t Zone::ClaimFreeProcLocked(int32_t pid, int64_t now_ns,
     return i;
   }
   return kNoSlot;
+}
+
+int64_t Zone::LatestWatcherLateNs(int64_t now_ns, int64_t max_late_ns) const {
+  const uint32_t high_water =
+      std::min(header_->procs_high_water.load(std::memory_order_relaxed),
+               proc_capacity());
+  const uint32_t now_ms = static_cast<uint32_t>(now_ns / kNsPerMs);
+  int64_t latest = 0;
+  for (uint32_t i = 0; i < high_water; ++i) {
+    const ProcSlotShm& p = procs_[i];
+    const uint32_t due_ms = p.watcher_due_ms.load(std::memory_order_relaxed);
+    if (due_ms == 0 || p.state.load(std::memory_order_relaxed) != kProcLive ||
+        p.conns.load(std::memory_order_relaxed) == 0) {
+      continue;
+    }
+    // Milliseconds wrap every 49 days; their difference does not.
+    const int64_t late_ns =
+        int64_t{static_cast<int32_t>(now_ms - due_ms)} * kNsPerMs;
+    if (late_ns > latest && late_ns <= max_late_ns) latest = late_ns;
+  }
+  return latest;
 }
 
 bool Zone::ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped) {

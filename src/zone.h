@@ -264,6 +264,11 @@ class Zone {
   uint32_t ClaimProcLocked(int32_t pid, int64_t now_ns,
                            HeldMutex* liveness = nullptr,
                            uint32_t* conns_reaped = nullptr);
+  // How far past its due time (ProcSlotShm::watcher_due_ms) the latest
+  // watcher of a live process that owns connections is, at now_ns; 0 if
+  // none is late. One later than max_late_ns is left out: its process is
+  // stopped or frozen, not late. A bounded walk, no lock.
+  int64_t LatestWatcherLateNs(int64_t now_ns, int64_t max_late_ns) const;
   // If proc_index's owner died (its liveness mutex reports EOWNERDEAD),
   // deregisters everything it owned, frees the slot and returns true.
   bool ReapIfDeadLocked(uint32_t proc_index, uint32_t* conns_reaped);

@@ -208,7 +208,11 @@ struct ProcSlotShm {
   std::atomic<uint32_t> rules_seen;
   std::atomic<uint16_t> rules_status;
   std::atomic<uint16_t> rules_errno;
-  uint32_t reserved;
+  // Budget mode: when its watcher's next tick is due, in milliseconds of
+  // CLOCK_MONOTONIC (low 32 bits; 0: not published, as a process of an
+  // older build leaves it). A watcher past it has not counted what its
+  // connections sent since (Zone::LatestWatcherLateNs).
+  std::atomic<uint32_t> watcher_due_ms;
   // The packet shaper (shaper.h) in this process, since it started: the
   // host's calls it cut, the system calls it made for them, and the pieces
   // they sent.

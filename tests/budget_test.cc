@@ -142,6 +142,17 @@ class Sim {
   // pieces of PieceBytes at its cap, varied by its index, and its unpaced
   // first flight is kFirstPieces pieces of kFirstPieceBytes.
   void set_shaped() { shaped_ = true; }
+  // Connections [first, last] are another process's, whose watcher does
+  // not run from `from` to `to` seconds (its part of the count stands
+  // still, then catches up); `told`: the deciding watcher is told how late
+  // it is (BudgetInput::count_late_ns).
+  void set_late(size_t first, size_t last, double from, double to, bool told) {
+    late_first_ = first;
+    late_last_ = last;
+    late_from_ns_ = 1'000'000'000 + static_cast<int64_t>(from * 1e9);
+    late_to_ns_ = 1'000'000'000 + static_cast<int64_t>(to * 1e9);
+    late_told_ = told;
+  }
 
  private:
   // The watcher measures a connection about every two segments at its pace
@@ -173,8 +184,11 @@ class Sim {
     }
   }
   void Tick() {
+    const bool late = now_ >= late_from_ns_ && now_ < late_to_ns_;
     for (SimConn& c : conns_) {
       if (!c.active) continue;
+      const size_t i = static_cast<size_t>(&c - conns_.data());
+      if (late && i >= late_first_ && i <= late_last_) continue;
       if (now_ >= c.next_measure_ns) {
         Measure(c);
       } else {
@@ -196,7 +210,8 @@ class Sim {
     state_ = BudgetTick(state_,
                         {now_, static_cast<uint64_t>(measured_total_), Active(),
                          static_cast<uint32_t>(packet), under, start_pending_,
-                         kBudgetCountLagNs, shaped_},
+                         kBudgetCountLagNs, shaped_, 0,
+                         late && late_told_ ? now_ - late_from_ns_ : 0},
                         settings_);
     start_pending_ = state_.start_pending_bytes;
     if (LevelWorthApplying(
@@ -276,6 +291,9 @@ class Sim {
   double fixed_packet_ = 0;
   double jitter_ns_ = 2e5;
   int64_t ticks_ = 0;
+  size_t late_first_ = 0, late_last_ = 0;
+  int64_t late_from_ns_ = 0, late_to_ns_ = 0;
+  bool late_told_ = false;
   bool trace_ = std::getenv("BUDGET_TRACE") != nullptr;
   std::mt19937 random_{42};
   std::uniform_real_distribution<double> jitter_{0.0, 1.0};
@@ -328,6 +346,66 @@ TEST(BudgetTest, SlowReaderLeavesWhatItDoesNotUseToTheOthers) {
   EXPECT_LE(std::max({a, b, c}) / std::min({a, b, c}), 1.03);
   // The fast ones share what the slow one leaves: (rate - 20 KiB/s) / 3.
   EXPECT_NEAR(a, (512000 - 20 * 1024) / 3.0, 0.05 * a);
+}
+
+// One worker's watcher does not run for a while (its process starved of
+// CPU, as under heavy load): its connections go on sending, and their bytes
+// reach the count all at once when it runs. Taken as they come, the ticks
+// meanwhile bank nothing of it (a connection reading slowly keeps the bank
+// at `burst`) and the lump then is a debt and a burst over the rate: the
+// level was cut for a second, to 0.64-0.78 of the rate in 1 s windows.
+// Told how late that watcher is, the key waits for its count.
+TEST(BudgetTest, AWatcherThatRunsLateIsWaitedFor) {
+  for (double stall : {0.5, 1.0}) {
+    for (bool told : {false, true}) {
+      Sim sim(512000, /*big_packets=*/false);
+      sim.set_shaped();
+      sim.Join(20 * 1024);
+      for (int i = 0; i < 3; ++i) sim.Join();
+      // The slow reader and one of the others are the late worker's.
+      sim.set_late(0, 1, 5.3, 5.3 + stall, told);
+      sim.Run(12);
+      const auto [lo, hi] = sim.WindowRange(2, 12);
+      if (!told) {
+        EXPECT_LT(lo, 0.85) << "stall " << stall;
+        continue;
+      }
+      EXPECT_GE(sim.Ratio(2, 12), 0.985) << "stall " << stall;
+      EXPECT_GE(lo, 0.92) << "stall " << stall;
+      EXPECT_LE(hi, 1.05) << "stall " << stall;
+    }
+  }
+}
+
+TEST(BudgetTest, ALateCountHoldsTheDecisionForALimitedTime) {
+  const BudgetSettings settings{512000, DefaultBurstBytes(512000)};
+  BudgetInput in{1'000'000'000, 0, 4, 2896, 1};
+  BudgetState state = BudgetTick(BudgetState(), in, settings);
+  for (int i = 0; i < 10; ++i) {
+    in.now_ns += kBudgetTickNs;
+    in.sent_bytes += 512000 / 50;
+    state = BudgetTick(state, in, settings);
+  }
+  const BudgetState before = state;
+  in.count_late_ns = kBudgetLateHoldNs + 1;
+  // Held: nothing moves while part of the count is missing.
+  while (in.now_ns + kBudgetTickNs - before.last_ns < kBudgetMaxHoldNs) {
+    in.now_ns += kBudgetTickNs;
+    state = BudgetTick(state, in, settings);
+    EXPECT_EQ(state.last_ns, before.last_ns);
+    EXPECT_EQ(state.balance_bytes, before.balance_bytes);
+    EXPECT_EQ(state.boost, before.boost);
+  }
+  // Not for longer: decided with what is in (the unsent span banked).
+  in.now_ns += kBudgetTickNs;
+  state = BudgetTick(state, in, settings);
+  EXPECT_EQ(state.last_ns, in.now_ns);
+  EXPECT_GT(state.balance_bytes, before.balance_bytes);
+  // A lag within kBudgetCountLagNs is no reason to wait.
+  in.count_late_ns = kBudgetLateHoldNs;
+  in.now_ns += kBudgetTickNs;
+  state = BudgetTick(state, in, settings);
+  EXPECT_EQ(state.last_ns, in.now_ns);
 }
 
 TEST(BudgetTest, ConvergesToMaxMinShares) {

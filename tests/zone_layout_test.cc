@@ -185,7 +185,7 @@ TEST(ZoneLayoutTest, ProcSlotShmFieldsArePinned) {
   EXPECT_EQ(offsetof(ProcSlotShm, rules_seen), 68u);
   EXPECT_EQ(offsetof(ProcSlotShm, rules_status), 72u);
   EXPECT_EQ(offsetof(ProcSlotShm, rules_errno), 74u);
-  EXPECT_EQ(offsetof(ProcSlotShm, reserved), 76u);
+  EXPECT_EQ(offsetof(ProcSlotShm, watcher_due_ms), 76u);
   EXPECT_EQ(offsetof(ProcSlotShm, shaped_calls), 80u);
   EXPECT_EQ(offsetof(ProcSlotShm, shaper_syscalls), 88u);
   EXPECT_EQ(offsetof(ProcSlotShm, shaped_pieces), 96u);

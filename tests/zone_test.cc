@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "src/clock.h"
 #include "src/key_budget.h"
 #include "src/zone_file.h"
 #include "src/zone_layout.h"
@@ -668,6 +669,41 @@ TEST_F(ZoneTest, HandoffIsTakenOnceByInodeWhileItsConnectionLives) {
   EXPECT_FALSE(zone->PublishHandoffLocked(0, c, cookie, 0, 1000));
   EXPECT_FALSE(
       zone->PublishHandoffLocked(5, zone->conn_capacity(), cookie, 0, 1000));
+}
+
+TEST_F(ZoneTest, LatestWatcherLateNsIsThatOfLiveProcessesWithConnections) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  uint32_t a = kNoSlot, b = kNoSlot;
+  {
+    ZoneLock lock(*zone);
+    ASSERT_TRUE(lock.ok());
+    a = zone->ClaimProcLocked(getpid(), 1);
+    b = zone->ClaimProcLocked(getpid() + 1, 1);
+  }
+  ASSERT_NE(a, kNoSlot);
+  ASSERT_NE(b, kNoSlot);
+  const int64_t now = int64_t{5000} * kNsPerMs;
+  const int64_t most = 2 * kNsPerSec;
+  EXPECT_EQ(zone->proc(a).watcher_due_ms.load(), 0u) << "a claim clears it";
+  EXPECT_EQ(zone->LatestWatcherLateNs(now, most), 0);
+  zone->proc(a).watcher_due_ms.store(4700);
+  zone->proc(b).watcher_due_ms.store(4900);
+  EXPECT_EQ(zone->LatestWatcherLateNs(now, most), 0)
+      << "processes with no connections are not waited for";
+  zone->proc(a).conns.store(1);
+  zone->proc(b).conns.store(2);
+  EXPECT_EQ(zone->LatestWatcherLateNs(now, most), 300 * kNsPerMs);
+  zone->proc(a).watcher_due_ms.store(5100);
+  EXPECT_EQ(zone->LatestWatcherLateNs(now, most), 100 * kNsPerMs)
+      << "one due later is early, not late";
+  zone->proc(b).watcher_due_ms.store(2000);
+  EXPECT_EQ(zone->LatestWatcherLateNs(now, most), 0)
+      << "3 s late: stopped, not late";
+  // Milliseconds wrap; their difference does not.
+  const int64_t wrapped = (int64_t{1} << 32) * kNsPerMs + 10 * kNsPerMs;
+  zone->proc(b).watcher_due_ms.store(0xFFFFFFF0u);
+  EXPECT_EQ(zone->LatestWatcherLateNs(wrapped, most), 26 * kNsPerMs);
 }
 
 TEST_F(ZoneTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
