@@ -31,7 +31,7 @@ namespace {
 // (1% of a core: about 1 us per connection and second, and a syscall costs
 // 1.3-2 us here). Between measurements EstimateConn counts it at the rate
 // it was leaving, at most its pace.
-constexpr int64_t kMaxMeasureGapNs = 2 * kNsPerSec;
+constexpr int64_t kMaxMeasureGapNs = kBudgetMaxMeasureGapNs;
 constexpr uint64_t kTwoSegmentsBytes = 2 * kSegmentBytes;
 // The largest packet the kernel builds (GSO), the most one step counts as.
 constexpr uint64_t kMaxPacketBytes = 65536;
@@ -566,7 +566,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
                     packet_bytes,
                     UnderPaceOf(key),
                     pending,
-                    cpu_.Stretch(kBudgetCountLagNs),
+                    cpu_.Stretch(BudgetCountLagNs(level)),
                     options_.shape};
   // How far apart the watcher decides it while it sends (its visits, a
   // visit round late at most): a longer gap means it was idle.
