@@ -141,6 +141,16 @@ int64_t MeasureGapNs(uint32_t piece_bytes, uint64_t pacing_bytes_per_sec,
                                          kBudgetTickNs, kMaxMeasureGapNs));
 }
 
+// How far a key's count at `level` may lag (BudgetInput::count_lag_ns):
+// its connections' measuring gap (BudgetCountLagNs), or kBudgetCountLagNs
+// times the watcher's CPU stretch if that is more. Not the gap times the
+// stretch: a watcher that spaces its work out has thousands of connections,
+// whose steps do not come in step, and a controller that slow (16 s at
+// 50 000 connections of 10 clients) held keys at 0.95 of their rate.
+int64_t CountLagNs(uint64_t level, const CpuBudget& cpu) {
+  return std::max(cpu.Stretch(kBudgetCountLagNs), BudgetCountLagNs(level));
+}
+
 // Of `handed` bytes, how many have left the socket with `unsent` queued.
 uint64_t LeftOf(uint64_t handed, int64_t unsent) {
   return handed > static_cast<uint64_t>(unsent) ? handed - unsent : 0;
@@ -566,7 +576,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
                     packet_bytes,
                     UnderPaceOf(key),
                     pending,
-                    cpu_.Stretch(BudgetCountLagNs(level)),
+                    CountLagNs(level, cpu_),
                     options_.shape};
   // How far apart the watcher decides it while it sends (its visits, a
   // visit round late at most): a longer gap means it was idle.
