@@ -69,6 +69,7 @@
 #ifndef TRAFFICRATE_SRC_BUDGET_H_
 #define TRAFFICRATE_SRC_BUDGET_H_
 
+#include <algorithm>
 #include <cstdint>
 
 namespace trafficrate {
@@ -124,21 +125,6 @@ inline constexpr int64_t kBudgetMaxHoldNs = 1'200'000'000;
 // A full segment on a 1500-byte path (the kernel's MSS there).
 inline constexpr uint64_t kSegmentBytes = 1448;
 
-// How far a key's count may lag what left (BudgetInput::count_lag_ns) for
-// connections paced at `level_bytes_per_sec` (0: not known), before the
-// watcher's CPU stretch: each is measured about every two segments at its
-// pace, at most every 2 s, and estimated in between (Governor::
-// MeasureConn), so the count comes in steps that far apart at slow levels
-// (0.7 s at 4 KB/s), and lags by kBudgetCountLagNs at least.
-inline constexpr int64_t kBudgetMaxMeasureGapNs = 2'000'000'000;
-inline int64_t BudgetCountLagNs(uint64_t level_bytes_per_sec) {
-  constexpr int64_t kMostNs = kBudgetMaxMeasureGapNs;
-  if (level_bytes_per_sec == 0) return kBudgetCountLagNs;
-  const int64_t gap = static_cast<int64_t>(
-      2 * kSegmentBytes * 1e9 / static_cast<double>(level_bytes_per_sec));
-  return gap < kBudgetCountLagNs ? kBudgetCountLagNs
-                                 : (gap > kMostNs ? kMostNs : gap);
-}
 // What a new connection sends before the kernel paces it: 10 segments
 // (tcp_update_skb_after_send).
 inline constexpr uint64_t kUnpacedStartBytes = 10 * kSegmentBytes;
@@ -148,6 +134,21 @@ inline constexpr uint64_t kUnpacedStartBytes = 10 * kSegmentBytes;
 // after the gap of the packet it sent last.
 inline double PacketGapNs(double packet_bytes, double level_bytes_per_sec) {
   return packet_bytes / level_bytes_per_sec * 1e9;
+}
+
+// How far a key's count may lag what left (BudgetInput::count_lag_ns) for
+// connections paced at `level_bytes_per_sec` (0: not known), before the
+// watcher's CPU stretch: each is measured about every two segments at its
+// pace, at most every kBudgetMaxMeasureGapNs, and estimated in between
+// (Governor::MeasureConn), so the count comes in steps that far apart at
+// slow levels (0.7 s at 4 KB/s), and lags by kBudgetCountLagNs at least.
+inline constexpr int64_t kBudgetMaxMeasureGapNs = 2'000'000'000;
+inline int64_t BudgetCountLagNs(uint64_t level_bytes_per_sec) {
+  if (level_bytes_per_sec == 0) return kBudgetCountLagNs;
+  const double gap =
+      PacketGapNs(2 * kSegmentBytes, static_cast<double>(level_bytes_per_sec));
+  return static_cast<int64_t>(
+      std::clamp<double>(gap, kBudgetCountLagNs, kBudgetMaxMeasureGapNs));
 }
 
 struct BudgetSettings {
@@ -205,10 +206,11 @@ struct BudgetInput {
   // still held to the rate.
   uint64_t start_pending_bytes = 0;
   // How long a connection's part of `sent_bytes` may lag what really left,
-  // at most (BudgetCountLagNs of the level, times the watcher's stretch
-  // while it spaces its measurements out: cpu_budget.h). The balance does
-  // not act on what is within that much of the level for each connection,
-  // and the boost follows a count that lags more, more slowly.
+  // at most (BudgetCountLagNs of the level, or kBudgetCountLagNs times the
+  // watcher's stretch while it spaces its measurements out, cpu_budget.h,
+  // if that is more). The balance does not act on what is within that much
+  // of the level for each connection, and the boost follows a count that
+  // lags more, more slowly.
   int64_t count_lag_ns = 0;
   // Its connections send through the packet shaper (TRAFFICRATE_SHAPE):
   // small MSG_EOR pieces, sized differently for each connection, so they
