@@ -493,6 +493,20 @@ def bucket_rates(downloads, t0, t1, step=1.0):
     return result
 
 
+def bucket_text(rows, base, target):
+    """A table of bucket_rates() rows, times relative to base, each total
+    as a ratio of target; a row a pause of this client process overlaps
+    says so (it is not the server's)."""
+    lines = ["  second      client B/s   x target"]
+    for a, b, total, _ in rows:
+        paused = paused_seconds(a, b)
+        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f%s" % (
+            a - base, b - base, total, total / target,
+            "   not judged: the test client stood still %.2f s" % paused
+            if paused else ""))
+    return "\n".join(lines)
+
+
 def on_time(rows):
     """The rows of bucket_rates() that no pause of this client process
     overlaps (pauses_in): those whose bytes were read as they came. A

@@ -57,8 +57,9 @@ from cli_tools import (key_stat, placed_ports, run_cli, shaper_counts,
 from budget_clients import PacedDownload
 from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
                      KeepaliveDownload, Measurement, PausingDownload,
-                     bucket_rates, established, http_get, keepalive_get,
-                     on_time, open_keepalive, paused_seconds, pauses_in,
+                     bucket_rates, bucket_text, established, http_get,
+                     keepalive_get, on_time, open_keepalive, paused_seconds,
+                     pauses_in,
                      ports_by_worker, probe_owner, require_on_time,
                      run_downloads, socket_owners, within)
 # A private name, but tests connect from chosen source ports with it.

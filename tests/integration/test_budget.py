@@ -236,14 +236,11 @@ def test_a_worker_that_stands_still_for_half_a_second_costs_no_rate(servers, lib
         stop_all(dset)
     m = dset.measure(t0, t1, TARGET)
     rows = harness.bucket_rates(dset.downloads, t0, t1)
-    table = "\n".join("  [%4.1f,%4.1f) %10.0f B/s %8.4f x%s" % (
-        a - t0, b - t0, total, total / TARGET,
-        "" if not harness.pauses_in(a, b) else "  not judged: the test client stood still")
-        for a, b, total, _ in rows)
     report = ("%s, TRAFFICRATE_SHARE=budget, client %s: 3 downloads + 1 read at %d B/s, "
               "2 per worker; worker %d stopped at %s s\n%s\n1 s windows:\n%s\n%s"
               % (server.title, CLIENT, SLOW_READ_RATE, w0,
-                 ", ".join("%.2f-%.2f" % s for s in stops), m.report(), table,
+                 ", ".join("%.2f-%.2f" % s for s in stops), m.report(),
+                 harness.bucket_text(rows, t0, TARGET),
                  "\n".join(dset.errors())))
     print("\n" + report)
     assert not dset.errors(), report

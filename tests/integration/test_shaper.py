@@ -180,17 +180,6 @@ def sleep_until(t):
     time.sleep(max(0.0, t - time.monotonic()))
 
 
-def bucket_text(rows, base, target):
-    lines = ["  second      client B/s   x target"]
-    for a, b, total, _ in rows:
-        paused = harness.paused_seconds(a, b)
-        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f%s" % (
-            a - base, b - base, total, total / target,
-            "   not judged: the test client stood still %.2f s" % paused
-            if paused else ""))
-    return "\n".join(lines)
-
-
 def mean(values):
     values = list(values)
     return sum(values) / len(values) if values else 0.0
@@ -269,7 +258,7 @@ def big_mtu(test_namespace, webroot):
                        "client total %s\nshaper: %s\n%s\n%s" % (
                            r["server"].title, r["shape"] or "unset (on)", BIG_MTU,
                            tso, r["client"], BIG_MTU_SECONDS,
-                           bucket_text(rows, base, BIG_MTU_TARGET),
+                           harness.bucket_text(rows, base, BIG_MTU_TARGET),
                            ratio_text(total, BIG_MTU_TARGET), r["shaper"], summary,
                            "\n".join(dset.errors())))
     finally:
@@ -403,7 +392,7 @@ def finish_many(s):
                    "per connection %.0f..%.0f B/s\n%s" % (
                        s["server"].title, s["mode_text"], s["shape"] or "unset (on)",
                        s["client"], MANY,
-                       t0 - base, bucket_text(rows, base, TARGET),
+                       t0 - base, harness.bucket_text(rows, base, TARGET),
                        ratio_text(total, TARGET),
                        min(d.rate(t0, t1) for d in dset.downloads),
                        max(d.rate(t0, t1) for d in dset.downloads),
