@@ -1399,6 +1399,12 @@ void Governor::ApplyChangedShares() {
   }
 }
 
+void Governor::NoteWatcherLate(int64_t late_ns, int64_t now_ns) {
+  if (late_ns >= options_.idle_ns / 4) {
+    ran_again_ns_.store(now_ns, std::memory_order_relaxed);
+  }
+}
+
 void Governor::ExpireIdle(int64_t now_ns) {
   // Budget mode: the tick's visits expire the sending connections
   // (TickBudget); only TRAFFICRATE_AFTER's joins are left to this pass.
@@ -1460,12 +1466,14 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
   }
   const uint64_t pace =
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
-  // Not idle before TRAFFICRATE_IDLE has passed since its last send, nor
+  // Not idle before TRAFFICRATE_IDLE has passed since its last send and
+  // since this process last ran again after a stall (NoteWatcherLate), nor
   // before the queue it had at the last look can have left at its pace now,
   // nor before budget mode's next measurement (MeasureConn). A send after
   // this look moves the first later, never earlier.
   const int64_t next_look = std::max(
       {last + options_.idle_ns,
+       ran_again_ns_.load(std::memory_order_relaxed) + options_.idle_ns,
        local.idle_queued_ns.load(std::memory_order_relaxed) +
            IdleCheckDelayNs(local.idle_queued.load(std::memory_order_relaxed),
                             pace),

@@ -218,6 +218,12 @@ class Governor {
   // Also joins connections whose TRAFFICRATE_AFTER bytes have left the
   // socket since their last send.
   void ExpireIdle(int64_t now_ns);
+  // The watcher woke this late (its process got no CPU meanwhile: stopped,
+  // frozen, starved): no connection of this process counts as idle before
+  // TRAFFICRATE_IDLE has passed from now, since the server could not write
+  // either (a worker stopped for 0.5 s left its key and joined again at
+  // once, and the join cut the key's level to the equal share).
+  void NoteWatcherLate(int64_t late_ns, int64_t now_ns);
   void ReapDead();
   // Once per watcher loop: looks again at a stalled zone lock, finishes the
   // releases deferred because of it, and once a second checks the zone's
@@ -503,6 +509,9 @@ class Governor {
   // at the start of this tick (Zone::LatestWatcherLateNs); its part of the
   // counts is missing until it runs (BudgetInput::count_late_ns).
   int64_t count_late_ns_ = 0;
+  // Watcher: when it last woke a quarter of TRAFFICRATE_IDLE or more late
+  // (NoteWatcherLate).
+  std::atomic<int64_t> ran_again_ns_{0};
   // Budget mode, watcher: its CPU allowance, which spaces the
   // per-connection work out while the watcher spends more (cpu_budget.h).
   CpuBudget cpu_;

@@ -152,6 +152,7 @@ void Watcher::Run() {
     if (budget) until = next_budget;
     zone_->WaitForChange(seen, until - now);
     now = MonotonicNowNs();
+    governor_->NoteWatcherLate(now - until, now);
     if (zone_->ChangeWord() != seen) {
       // Coalesce a burst of joins into one scan per coalesce_ns.
       SleepNs(last_scan + timing_.coalesce_ns - now);

@@ -262,6 +262,35 @@ TEST_F(GovernorTest, IdleConnectionLeavesAndRejoinsOnItsNextSend) {
   EXPECT_TRUE(PacingBecomes(c2.server, kRate / 2));
 }
 
+TEST_F(GovernorTest, TimeItsProcessDidNotRunDoesNotMakeAConnectionIdle) {
+  StartGovernor();
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  gov_->BeforeSend(c.server);
+  int64_t last = gov_->LastSendNs(c.server);
+  ASSERT_EQ(Outq(c.server), 0);
+  // A watcher that wakes less than a quarter of TRAFFICRATE_IDLE late
+  // changes nothing.
+  gov_->NoteWatcherLate(kLongIdleNs / 4 - 1, last + kLongIdleNs / 2);
+  gov_->ExpireIdle(last + kLongIdleNs);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
+  gov_->BeforeSend(c.server);
+  ASSERT_EQ(ConnOf(c.server).active.load(), 1u);
+  last = gov_->LastSendNs(c.server);
+  // One that wakes later: its process stopped (SIGSTOP, no CPU) and ran
+  // again three quarters of an idle time after the last send. The server
+  // could not write meanwhile, so the connection gets a whole idle time
+  // from then.
+  const int64_t ran_again = last + kLongIdleNs * 3 / 4;
+  gov_->NoteWatcherLate(kLongIdleNs / 4, ran_again);
+  gov_->ExpireIdle(last + kLongIdleNs);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  gov_->ExpireIdle(ran_again + kLongIdleNs - 1);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  gov_->ExpireIdle(ran_again + kLongIdleNs);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
+}
+
 TEST_F(GovernorTest, WatcherExpiresAnIdleConnection) {
   StartGovernor(/*idle_ns=*/50 * kNsPerMs);
   const Conn c = Open();
