@@ -509,6 +509,11 @@ class Governor {
   // at the start of this tick (Zone::LatestWatcherLateNs); its part of the
   // counts is missing until it runs (BudgetInput::count_late_ns).
   int64_t count_late_ns_ = 0;
+  // Budget mode, watcher: the due time of its next tick it last published
+  // (ProcSlotShm::watcher_due_ms), and whether this tick came more than
+  // kBudgetLateHoldNs after it and published none (TickBudget).
+  int64_t published_due_ns_ = 0;
+  bool recounting_ = false;
   // Watcher: when it last woke a quarter of TRAFFICRATE_IDLE or more late
   // (NoteWatcherLate).
   std::atomic<int64_t> ran_again_ns_{0};

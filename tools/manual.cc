@@ -63,8 +63,9 @@ std::vector<VariableDoc>* MakeVariableDocs() {
       {"TRAFFICRATE_IDLE", "--idle", "D", "",
        "a connection idle this long stops taking a share, e.g. 200ms",
        "A connection that has not written for this long and has an empty "
-       "send queue stops taking a share until it writes again: 200ms, 1s; a "
-       "plain number is milliseconds; 1ms to 60s.",
+       "send queue stops taking a share until it writes again (time in "
+       "which its process got no CPU does not count): 200ms, 1s; a plain "
+       "number is milliseconds; 1ms to 60s.",
        "200ms"},
       {"TRAFFICRATE_LOG", "--log", "L", "", "stderr | syslog | off | /path",
        "Where the library's one-line messages go: `stderr`, `syslog` "

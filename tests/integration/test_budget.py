@@ -213,12 +213,16 @@ def test_a_worker_that_stands_still_for_half_a_second_costs_no_rate(servers, lib
     for that long. Its connections go on sending what they hold, and the
     other worker's watcher decides the client's level meanwhile: it must
     wait for the stopped one's count (BudgetInput::count_late_ns), not take
-    the missing bytes for unused and their arrival for a burst. Before, the
-    client got 0.936x over the window and 0.80-0.86x in the seconds after
-    each stop; now the total is >= 0.965x (0.97-0.99) and no 1 s window
-    below 0.84x. (The second after the first stop is usually 0.94-0.98x,
-    but read 0.860 and 0.874 in 2 of about 15 runs: the level was still
-    cut there once, which is not understood yet.)"""
+    the missing bytes for unused and their arrival for a burst, nor take
+    the stopped worker's connections for idle (Governor::NoteWatcherLate),
+    nor decide on the resumed watcher's first count (TickBudget's
+    recount). Before, the client got 0.936x over the window and
+    0.80-0.86x in the seconds after each stop (0.79-0.88 in 4 of 20 runs
+    with only the first); now the total is >= 0.965x (0.985-0.993) and the
+    seconds after the stops 0.95x or more in 36 runs. A second elsewhere
+    in the window dips to 0.87-0.90x in about 1 run of 10, stops or not
+    (the burst rule of BudgetTick taking a lump of the count for a burst):
+    hence no 1 s window below 0.85x."""
     server, (w0, w1) = nginx2(servers, share_env(lib_env, "budget"))
     dset, _ = start_slow_reader_set(server, zone, w0, w1)
     stops = []
@@ -251,8 +255,8 @@ def test_a_worker_that_stands_still_for_half_a_second_costs_no_rate(servers, lib
     harness.require_on_time(len(rows), len(on_time), report)
     total = sum(r[2] for r in on_time) / len(on_time)
     assert total >= 0.965 * TARGET, "%s\n%s" % (ratio_text(total), report)
-    low = [r for r in on_time if r[2] < 0.84 * TARGET]
-    assert not low, "1 s windows under 0.84x: %s\n%s" % (
+    low = [r for r in on_time if r[2] < 0.85 * TARGET]
+    assert not low, "1 s windows under 0.85x: %s\n%s" % (
         ["%.3f" % (r[2] / TARGET) for r in low], report)
 
 
