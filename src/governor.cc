@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "src/address.h"
 #include "src/clock.h"
 #include "src/private_array.h"
 #include "src/share.h"
@@ -36,23 +37,12 @@ constexpr int kStalledChecksForCorrupt = 3;
 constexpr int64_t kRestFirstLookNs = 100'000'000;   // 100 ms
 constexpr int64_t kRestLastLookNs = 6'400'000'000;  // 6.4 s
 
-// The client's address as 16 bytes (IPv4 as v4-mapped) and its port.
-void PeerBytes(const sockaddr* peer, uint8_t out[16], uint16_t* port) {
-  std::memset(out, 0, 16);
+// The 16-byte form of an address (IPv4 as v4-mapped) and its port; zero
+// for anything but AF_INET and AF_INET6.
+void PeerBytes(const sockaddr* peer, socklen_t len, uint8_t out[16],
+               uint16_t* port) {
   *port = 0;
-  if (peer->sa_family == AF_INET) {
-    sockaddr_in in;
-    std::memcpy(&in, peer, sizeof(in));
-    out[10] = 0xff;
-    out[11] = 0xff;
-    std::memcpy(out + 12, &in.sin_addr, 4);
-    *port = ntohs(in.sin_port);
-  } else if (peer->sa_family == AF_INET6) {
-    sockaddr_in6 in6;
-    std::memcpy(&in6, peer, sizeof(in6));
-    std::memcpy(out, &in6.sin6_addr, 16);
-    *port = ntohs(in6.sin6_port);
-  }
+  if (!ToAddress16(peer, len, out, port)) std::memset(out, 0, 16);
 }
 
 bool IsInetWithLength(const sockaddr* addr, socklen_t len) {
@@ -82,7 +72,7 @@ const sockaddr* PeerAddress(int fd, const sockaddr* peer, socklen_t* peer_len,
 uint16_t PortOf(const sockaddr* addr, socklen_t len) {
   uint8_t peer16[16];
   uint16_t port = 0;
-  if (IsInetWithLength(addr, len)) PeerBytes(addr, peer16, &port);
+  if (IsInetWithLength(addr, len)) PeerBytes(addr, len, peer16, &port);
   return port;
 }
 
@@ -98,7 +88,7 @@ bool ClassifyByRules(const RuleTable& table, const sockaddr* peer,
                      ConnKey* key) {
   uint8_t local16[16];
   uint16_t local_port = 0;
-  PeerBytes(local, local16, &local_port);
+  PeerBytes(local, local_len, local16, &local_port);
   const int match = FirstMatchingRule(table.rules, local16, local_port, peer16);
   if (match < 0) return false;
   const Rule& rule = table.rules[match];
@@ -126,7 +116,7 @@ bool Classify(int fd, const GovernorOptions& options, const RuleTable* table,
   sockaddr_storage peer_buf;
   peer = PeerAddress(fd, peer, &peer_len, &peer_buf);
   if (peer == nullptr) return false;
-  PeerBytes(peer, peer16, peer_port);
+  PeerBytes(peer, peer_len, peer16, peer_port);
   if (options.rules.Exempts(peer16)) return false;
   sockaddr_storage local_buf;
   const sockaddr* local = nullptr;

@@ -1,10 +1,7 @@
 #include "src/key.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -15,15 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "src/address.h"
 #include "src/units.h"
 
 namespace trafficrate {
 namespace {
-
-constexpr int kV4Bits = 32;
-constexpr int kV6Bits = 128;
-constexpr uint8_t kV4MappedPrefix[12] = {0, 0, 0, 0, 0,    0,
-                                         0, 0, 0, 0, 0xff, 0xff};
 
 constexpr char kKeyForms[] =
     "use peer, peer/N or peer/N,M (client network with IPv4 prefix N 0..32 "
@@ -44,55 +37,24 @@ bool ParsePeerPrefixes(absl::string_view text, KeySpec* spec) {
          ParsePrefixLength(text.substr(comma + 1), kV6Bits, &spec->v6_prefix);
 }
 
-int ClampBits(int bits, int max_bits) {
-  return bits < 0 ? 0 : (bits > max_bits ? max_bits : bits);
-}
-
-// Clears every bit of `addr` after the first `prefix_bits`.
-void MaskAddress(uint8_t* addr, int addr_bytes, int prefix_bits) {
-  for (int i = 0; i < addr_bytes; ++i) {
-    const int keep = prefix_bits - i * 8;
-    if (keep >= 8) continue;
-    addr[i] &= keep <= 0 ? 0 : static_cast<uint8_t>(0xff << (8 - keep));
-  }
-}
-
-// Fills key bytes 0..17 from an AF_INET or AF_INET6 address; writes nothing
-// when it returns false. The sockaddr is copied out with memcpy because the
-// caller's buffer may be unaligned.
+// Fills key bytes 0..17 from an AF_INET or AF_INET6 address (the port, in
+// network order, only `with_port`); writes nothing when it returns false.
 bool CopyAddress(const sockaddr* addr, socklen_t len, int v4_bits, int v6_bits,
                  bool with_port, ConnKey* out) {
-  constexpr size_t kFamilyEnd =
-      offsetof(sockaddr, sa_family) + sizeof(sa_family_t);
-  if (addr == nullptr || len < kFamilyEnd) return false;
-  sa_family_t family;
-  std::memcpy(
-      &family,
-      reinterpret_cast<const char*>(addr) + offsetof(sockaddr, sa_family),
-      sizeof(family));
-  uint8_t* bytes = out->bytes;
-  if (family == AF_INET && len >= sizeof(sockaddr_in)) {
-    sockaddr_in in;
-    std::memcpy(&in, addr, sizeof(in));
-    std::memcpy(bytes, kV4MappedPrefix, sizeof(kV4MappedPrefix));
-    std::memcpy(bytes + 12, &in.sin_addr, 4);
-    MaskAddress(bytes + 12, 4, v4_bits);
-    if (with_port) std::memcpy(bytes + 16, &in.sin_port, 2);
-    return true;
+  uint8_t addr16[16];
+  uint16_t port = 0;
+  if (!ToAddress16(addr, len, addr16, &port)) return false;
+  if (IsV4Mapped(addr16)) {
+    MaskAddress(addr16 + 12, 4, v4_bits);
+  } else {
+    MaskAddress(addr16, 16, v6_bits);
   }
-  if (family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
-    sockaddr_in6 in6;
-    std::memcpy(&in6, addr, sizeof(in6));
-    std::memcpy(bytes, &in6.sin6_addr, 16);
-    if (std::memcmp(bytes, kV4MappedPrefix, sizeof(kV4MappedPrefix)) == 0) {
-      MaskAddress(bytes + 12, 4, v4_bits);
-    } else {
-      MaskAddress(bytes, 16, v6_bits);
-    }
-    if (with_port) std::memcpy(bytes + 16, &in6.sin6_port, 2);
-    return true;
+  std::memcpy(out->bytes, addr16, sizeof(addr16));
+  if (with_port) {
+    out->bytes[16] = static_cast<uint8_t>(port >> 8);
+    out->bytes[17] = static_cast<uint8_t>(port & 0xff);
   }
-  return false;
+  return true;
 }
 
 }  // namespace
@@ -132,8 +94,9 @@ bool MakeConnKey(const KeySpec& spec, const sockaddr* peer, socklen_t peer_len,
   std::memset(out->bytes, 0, sizeof(out->bytes));
   switch (spec.mode) {
     case KeyMode::kPeer:
-      return CopyAddress(peer, peer_len, ClampBits(spec.v4_prefix, kV4Bits),
-                         ClampBits(spec.v6_prefix, kV6Bits),
+      return CopyAddress(peer, peer_len,
+                         ClampPrefixBits(spec.v4_prefix, kV4Bits),
+                         ClampPrefixBits(spec.v6_prefix, kV6Bits),
                          /*with_port=*/false, out);
     case KeyMode::kLocal:
       return CopyAddress(local, local_len, kV4Bits, kV6Bits,
@@ -146,22 +109,16 @@ bool MakeConnKey(const KeySpec& spec, const sockaddr* peer, socklen_t peer_len,
 
 std::string FormatConnKey(const ConnKey& key, const KeySpec& spec) {
   if (spec.mode == KeyMode::kAll) return "all";
-  const bool v4 =
-      std::memcmp(key.bytes, kV4MappedPrefix, sizeof(kV4MappedPrefix)) == 0;
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* addr = v4 ? key.bytes + 12 : key.bytes;
-  if (inet_ntop(v4 ? AF_INET : AF_INET6, addr, text, sizeof(text)) == nullptr) {
-    return "?";  // cannot happen: the buffer fits any address
-  }
   if (spec.mode == KeyMode::kLocal) {
-    const int port = (key.bytes[16] << 8) | key.bytes[17];
-    return v4 ? absl::StrCat(text, ":", port)
-              : absl::StrCat("[", text, "]:", port);
+    return FormatAddressPort(
+        key.bytes, static_cast<uint16_t>((key.bytes[16] << 8) | key.bytes[17]));
   }
+  const bool v4 = IsV4Mapped(key.bytes);
   const int full_bits = v4 ? kV4Bits : kV6Bits;
-  const int bits = ClampBits(v4 ? spec.v4_prefix : spec.v6_prefix, full_bits);
-  if (bits == full_bits) return text;
-  return absl::StrCat(text, "/", bits);
+  const int bits =
+      ClampPrefixBits(v4 ? spec.v4_prefix : spec.v6_prefix, full_bits);
+  if (bits == full_bits) return FormatAddress16(key.bytes);
+  return absl::StrCat(FormatAddress16(key.bytes), "/", bits);
 }
 
 }  // namespace trafficrate

@@ -1,6 +1,5 @@
 #include "src/rules.h"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -17,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "src/address.h"
 #include "src/key.h"
 #include "src/units.h"
 
@@ -36,20 +36,6 @@ constexpr char kExemptForm[] =
     "e.g. 10.0.0.0/8,127.0.0.3,2001:db8::/32,::1";
 
 constexpr uint32_t kMaxPort = 65535;
-constexpr int kV4Bits = 32;
-constexpr int kV6Bits = 128;
-constexpr int kMappedBits = 96;  // an IPv4 address starts at bit 96 of 128
-constexpr uint8_t kV4MappedPrefix[12] = {0, 0, 0, 0, 0,    0,
-                                         0, 0, 0, 0, 0xff, 0xff};
-
-int ClampBits(int bits, int max_bits) {
-  return bits < 0 ? 0 : (bits > max_bits ? max_bits : bits);
-}
-
-bool IsV4Mapped(const uint8_t addr16[16]) {
-  return std::memcmp(addr16, kV4MappedPrefix, sizeof(kV4MappedPrefix)) == 0;
-}
-
 absl::Status ListError(absl::string_view name, absl::string_view problem,
                        absl::string_view form) {
   return absl::InvalidArgumentError(
@@ -123,32 +109,12 @@ std::vector<PortRange> MergeRanges(std::vector<PortRange> ranges) {
   return merged;
 }
 
-// Clears every bit of the 16-byte `addr` after the first `bits`.
-void ClearAfter(uint8_t addr[16], int bits) {
-  for (int i = 0; i < 16; ++i) {
-    const int keep = bits - i * 8;
-    if (keep >= 8) continue;
-    addr[i] &= keep <= 0 ? 0 : static_cast<uint8_t>(0xff << (8 - keep));
-  }
-}
-
 // Fills cidr->family and cidr->addr from an address literal.
 bool ParseAddress(absl::string_view text, Cidr* cidr) {
-  char buf[INET6_ADDRSTRLEN + 1] = {};
-  if (text.size() >= sizeof(buf)) return false;
-  std::memcpy(buf, text.data(), text.size());
-  uint8_t v4[4];
-  if (inet_pton(AF_INET, buf, v4) == 1) {
-    cidr->family = AF_INET;
-    std::memcpy(cidr->addr, kV4MappedPrefix, sizeof(kV4MappedPrefix));
-    std::memcpy(cidr->addr + 12, v4, 4);
-    return true;
-  }
-  if (inet_pton(AF_INET6, buf, cidr->addr) == 1) {
-    cidr->family = AF_INET6;
-    return true;
-  }
-  return false;
+  bool v4 = false;
+  if (!ParseAddress16(text, cidr->addr, &v4)) return false;
+  cidr->family = v4 ? AF_INET : AF_INET6;
+  return true;
 }
 
 }  // namespace
@@ -167,8 +133,9 @@ std::string ParseCidrItem(absl::string_view item, Cidr* cidr) {
         QuoteForMessage(item), " has a bad prefix length (",
         cidr->family == AF_INET ? "0..32 for IPv4" : "0..128 for IPv6", ")");
   }
-  ClearAfter(cidr->addr, cidr->family == AF_INET ? kMappedBits + cidr->prefix
-                                                 : cidr->prefix);
+  MaskAddress(
+      cidr->addr, 16,
+      cidr->family == AF_INET ? kV4MappedBits + cidr->prefix : cidr->prefix);
   return "";
 }
 
@@ -221,11 +188,7 @@ absl::StatusOr<std::vector<Cidr>> ParseExempt(absl::string_view value) {
 
 std::string FormatCidr(const Cidr& cidr) {
   const bool v4 = cidr.family == AF_INET;
-  char text[INET6_ADDRSTRLEN] = {};
-  if (inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? cidr.addr + 12 : cidr.addr, text,
-                sizeof(text)) == nullptr) {
-    return "?";  // cannot happen: the buffer fits any address
-  }
+  std::string text = FormatAddress16(cidr.addr, v4);
   if (cidr.prefix >= (v4 ? kV4Bits : kV6Bits)) return text;
   return absl::StrCat(text, "/", cidr.prefix);
 }
@@ -243,20 +206,15 @@ std::string FormatPorts(const std::vector<PortRange>& ports) {
 
 bool CidrContains(const Cidr& cidr, const uint8_t addr16[16]) {
   const bool v4 = cidr.family == AF_INET;
-  const int bits = v4 ? kMappedBits + ClampBits(cidr.prefix, kV4Bits)
-                      : ClampBits(cidr.prefix, kV6Bits);
+  const int bits = v4 ? kV4MappedBits + ClampPrefixBits(cidr.prefix, kV4Bits)
+                      : ClampPrefixBits(cidr.prefix, kV6Bits);
   // An IPv6 network does not reach into the IPv4-mapped range (so "::/0"
   // means every IPv6 client, not every client) unless it lies inside it.
   if (IsV4Mapped(addr16) !=
-      (v4 || (bits >= kMappedBits && IsV4Mapped(cidr.addr)))) {
+      (v4 || (bits >= kV4MappedBits && IsV4Mapped(cidr.addr)))) {
     return false;
   }
-  const int whole = bits / 8;
-  if (std::memcmp(cidr.addr, addr16, whole) != 0) return false;
-  const int rest = bits % 8;
-  if (rest == 0) return true;
-  const uint8_t mask = static_cast<uint8_t>(0xff << (8 - rest));
-  return ((addr16[whole] ^ cidr.addr[whole]) & mask) == 0;
+  return SamePrefix(cidr.addr, addr16, bits);
 }
 
 absl::StatusOr<AcceptRules> AcceptRules::Make(

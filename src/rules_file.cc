@@ -157,13 +157,11 @@ std::string ParseListenItem(absl::string_view item, ListenEntry* entry) {
     if (!problem.empty()) return problem;
     // 0.0.0.0 and :: (however written) are every local address, as in a
     // server's own listen directive; the rest is one address.
-    static constexpr uint8_t kMappedAny[16] = {0, 0, 0,    0,    0, 0, 0, 0,
-                                               0, 0, 0xff, 0xff, 0, 0, 0, 0};
     static constexpr uint8_t kAny[16] = {};
     entry->any_address =
-        std::memcmp(entry->address.addr,
-                    entry->address.family == AF_INET ? kMappedAny : kAny,
-                    16) == 0;
+        entry->address.family == AF_INET
+            ? std::memcmp(entry->address.addr + 12, kAny, 4) == 0
+            : std::memcmp(entry->address.addr, kAny, 16) == 0;
     if (entry->any_address) entry->address = Cidr{};
   }
   if (ports == "*") return "";

@@ -1,12 +1,10 @@
 #include "src/snapshot.h"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_format.h"
+#include "src/address.h"
 #include "src/clock.h"
 #include "src/key_budget.h"
 #include "src/share.h"
@@ -14,18 +12,6 @@
 
 namespace trafficrate {
 namespace {
-
-std::string FormatPeer(const uint8_t addr[16], uint16_t port) {
-  static constexpr uint8_t kMapped[12] = {0, 0, 0, 0, 0,    0,
-                                          0, 0, 0, 0, 0xff, 0xff};
-  char text[INET6_ADDRSTRLEN] = "";
-  if (std::memcmp(addr, kMapped, sizeof(kMapped)) == 0) {
-    inet_ntop(AF_INET, addr + 12, text, sizeof(text));
-    return absl::StrFormat("%s:%u", text, port);
-  }
-  inet_ntop(AF_INET6, addr, text, sizeof(text));
-  return absl::StrFormat("[%s]:%u", text, port);
-}
 
 ConnKey KeyOf(const uint8_t (&bytes)[kKeyBytes]) {
   ConnKey key;
@@ -186,8 +172,8 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     for (size_t b = 0; b < sizeof(peer); ++b) {
       peer[b] = __atomic_load_n(&c.peer[b], __ATOMIC_RELAXED);
     }
-    row.peer =
-        FormatPeer(peer, __atomic_load_n(&c.peer_port, __ATOMIC_RELAXED));
+    row.peer = FormatAddressPort(
+        peer, __atomic_load_n(&c.peer_port, __ATOMIC_RELAXED));
     row.pid = p < snap.proc_capacity ? zone.proc(p).pid.load() : 0;
     row.fd = c.fd.load();
     row.active = c.active.load() != 0;
