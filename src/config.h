@@ -82,6 +82,7 @@
 #include "src/key.h"
 #include "src/rules.h"
 #include "src/rules_file.h"
+#include "src/share.h"
 
 namespace trafficrate {
 
@@ -113,15 +114,11 @@ inline constexpr const char* kEnvNames[] = {
     kEnvInherited,     kEnvShape,       kEnvConfig,       kEnvCluster,
     kEnvClusterSecret, kEnvClusterName, kEnvClusterDecay, kEnvClusterHost};
 
-inline constexpr uint64_t kMinRateBytesPerSec = 1;
-inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
-inline constexpr uint64_t kMinZoneSizeBytes = uint64_t{64} << 10;   // 64k
-inline constexpr uint64_t kMaxZoneSizeBytes = uint64_t{1} << 30;    // 1g
-inline constexpr uint64_t kMaxAfterBytes = uint64_t{1} << 40;       // 1024g
-inline constexpr int64_t kMinIdleNs = 1'000'000;                    // 1ms
-inline constexpr int64_t kMaxIdleNs = 60'000'000'000;               // 60s
-inline constexpr uint64_t kMinBurstBytes = uint64_t{1} << 10;       // 1k
-inline constexpr uint64_t kMaxBurstBytes = uint64_t{1} << 30;       // 1g
+inline constexpr uint64_t kMinZoneSizeBytes = uint64_t{64} << 10;  // 64k
+inline constexpr uint64_t kMaxZoneSizeBytes = uint64_t{1} << 30;   // 1g
+inline constexpr uint64_t kMaxAfterBytes = uint64_t{1} << 40;      // 1024g
+inline constexpr int64_t kMinIdleNs = 1'000'000;                   // 1ms
+inline constexpr int64_t kMaxIdleNs = 60'000'000'000;              // 60s
 inline constexpr size_t kMinClusterSecretBytes = 16;
 inline constexpr size_t kMaxClusterSecretBytes = 256;
 inline constexpr int64_t kMaxClusterDecayNs = 600'000'000'000;  // 600s

@@ -121,4 +121,17 @@ std::string FormatConnKey(const ConnKey& key, const KeySpec& spec) {
   return absl::StrCat(FormatAddress16(key.bytes), "/", bits);
 }
 
+std::string DescribeKeySpec(const KeySpec& spec) {
+  switch (spec.mode) {
+    case KeyMode::kLocal:
+      return "local";
+    case KeyMode::kAll:
+      return "all";
+    case KeyMode::kPeer:
+      break;
+  }
+  if (spec.v4_prefix == kV4Bits && spec.v6_prefix == kV6Bits) return "peer";
+  return absl::StrCat("peer/", spec.v4_prefix, ",", spec.v6_prefix);
+}
+
 }  // namespace trafficrate

@@ -91,6 +91,9 @@ bool MakeConnKey(const KeySpec& spec, const sockaddr* peer, socklen_t peer_len,
 // Thread-safe; allocates.
 std::string FormatConnKey(const ConnKey& key, const KeySpec& spec);
 
+// TRAFFICRATE_KEY as written: "peer", "peer/24,64", "local", "all".
+std::string DescribeKeySpec(const KeySpec& spec);
+
 }  // namespace trafficrate
 
 #endif  // TRAFFICRATE_SRC_KEY_H_

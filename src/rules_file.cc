@@ -23,7 +23,6 @@
 #include "src/rules.h"
 #include "src/status_macros.h"
 #include "src/units.h"
-#include "src/zone.h"
 
 namespace trafficrate {
 namespace {

@@ -7,6 +7,14 @@
 
 namespace trafficrate {
 
+// The rates and bursts a key may have: what TRAFFICRATE_RATE and
+// TRAFFICRATE_BURST (and a rules file's rate and burst) accept, and what
+// the zone clamps the figures it holds to.
+inline constexpr uint64_t kMinRateBytesPerSec = 1;
+inline constexpr uint64_t kMaxRateBytesPerSec = uint64_t{1} << 40;  // 1048576m
+inline constexpr uint64_t kMinBurstBytes = uint64_t{1} << 10;       // 1k
+inline constexpr uint64_t kMaxBurstBytes = uint64_t{1} << 30;       // 1g
+
 // Share of one sending connection: max(1, rate / active), in bytes/s. With no
 // active connection counted (a join not yet visible) the connection may use
 // the whole rate. The floor of 1 keeps a huge key from disabling pacing, as

@@ -26,8 +26,8 @@
 #include "absl/strings/strip.h"
 #include "src/budget.h"
 #include "src/clock.h"
-#include "src/config.h"
 #include "src/key_budget.h"
+#include "src/share.h"
 #include "src/siphash.h"
 #include "src/zone_file.h"
 
@@ -144,19 +144,6 @@ ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes) {
   if (n > (1u << 30)) n = 1u << 30;
   while (n > 1 && Layout(static_cast<uint32_t>(n), &g) > size_bytes) --n;
   return g;
-}
-
-std::string DescribeKeySpec(const KeySpec& spec) {
-  switch (spec.mode) {
-    case KeyMode::kLocal:
-      return "local";
-    case KeyMode::kAll:
-      return "all";
-    case KeyMode::kPeer:
-      break;
-  }
-  if (spec.v4_prefix == 32 && spec.v6_prefix == 128) return "peer";
-  return absl::StrFormat("peer/%d,%d", spec.v4_prefix, spec.v6_prefix);
 }
 
 Zone::Zone(std::string name, std::string path, void* base, size_t size)

@@ -94,9 +94,6 @@ inline constexpr uint64_t kMaxZoneSize = 1ULL << 30;
 // REQUIRES: kMinZoneSize <= size_bytes <= kMaxZoneSize.
 ZoneGeometry ComputeZoneGeometry(uint64_t size_bytes);
 
-// TRAFFICRATE_KEY as written: "peer", "peer/24,64", "local", "all".
-std::string DescribeKeySpec(const KeySpec& spec);
-
 // The checksum of a header's immutable part (ZoneHeaderShm::header_checksum).
 uint64_t ZoneHeaderChecksum(const ZoneHeaderShm& header);
 
