@@ -100,13 +100,13 @@ struct RuleTable {
   mutable const RuleTable* previous = nullptr;
 };
 
-class Governor {
+class Governor final : public WatcherDuties {
  public:
   // REQUIRES: zone, table and logger outlive the Governor.
   Governor(Zone* zone, FdTable* table, const Logger* logger,
            const GovernorOptions& options);
   // Stops the watcher thread, if any (tests; the library never destroys it).
-  ~Governor();
+  ~Governor() override;
   Governor(const Governor&) = delete;
   Governor& operator=(const Governor&) = delete;
 
@@ -214,23 +214,23 @@ class Governor {
 
   // One pass of each watcher duty; public for tests. They skip fds pinned by
   // another thread.
-  void ApplyChangedShares();
+  void ApplyChangedShares() override;
   // Also joins connections whose TRAFFICRATE_AFTER bytes have left the
   // socket since their last send.
-  void ExpireIdle(int64_t now_ns);
+  void ExpireIdle(int64_t now_ns) override;
   // The watcher woke this late (its process got no CPU meanwhile: stopped,
   // frozen, starved): no connection of this process counts as idle before
   // TRAFFICRATE_IDLE has passed from now, since the server could not write
   // either (a worker stopped for 0.5 s left its key and joined again at
   // once, and the join cut the key's level to the equal share).
-  void NoteWatcherLate(int64_t late_ns, int64_t now_ns);
-  void ReapDead();
+  void NoteWatcherLate(int64_t late_ns, int64_t now_ns) override;
+  void ReapDead() override;
   // Once per watcher loop: looks again at a stalled zone lock, finishes the
   // releases deferred because of it, and once a second checks the zone's
   // header and says what happened with the lock. False once the zone is
   // corrupt: the process then passes everything through (PassThroughAll),
   // and the watcher has nothing more to do.
-  bool CheckZone(int64_t now_ns);
+  bool CheckZone(int64_t now_ns) override;
   // The rules file: maps its rules to zone rules (MapRuleLocked), sets
   // their rates, and publishes the table for the accept path. At start-up
   // the first rule with a rate is the zone's rule 0. False if the zone lock
@@ -260,16 +260,16 @@ class Governor {
   // (their bytes handed to the kernel minus SIOCOUTQNSD), adds it to their
   // keys, models the drain of closed connections, and for each key whose
   // lease it holds (or takes) decides the level and publishes it.
-  bool BudgetWanted() const;
+  bool BudgetWanted() const override;
   // Returns when the next tick has work: the start of the first tick in
   // which a connection is due for a visit, at most kMaxBudgetSleepNs (or a
   // visit round) away.
-  int64_t TickBudget(int64_t now_ns);
+  int64_t TickBudget(int64_t now_ns) override;
 
   // Outside budget mode (another process of the zone switched it): the
   // drains of connections closed while it was on still end, and kept fds
   // are closed as their queues empty, rather than never.
-  void FinishDrains(int64_t now_ns);
+  void FinishDrains(int64_t now_ns) override;
 
   // Stops the watcher thread and releases this process's liveness token, so
   // that the process looks dead to the zone (its registrations get reaped).

@@ -8,7 +8,6 @@
 
 #include "src/budget.h"
 #include "src/clock.h"
-#include "src/governor.h"
 #include "src/library_thread.h"
 
 namespace trafficrate {
@@ -36,9 +35,9 @@ int32_t PidInProc() {
 
 }  // namespace
 
-Watcher::Watcher(Governor* governor, Zone* zone, const Logger* logger,
+Watcher::Watcher(WatcherDuties* duties, Zone* zone, const Logger* logger,
                  const WatcherTiming& timing)
-    : governor_(governor),
+    : duties_(duties),
       zone_(zone),
       logger_(logger),
       timing_(timing),
@@ -138,42 +137,42 @@ void Watcher::Run() {
   int64_t last_scan = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     now = MonotonicNowNs();
-    if (!governor_->CheckZone(now)) {
+    if (!duties_->CheckZone(now)) {
       // Corrupt: the process passes through; nothing to do but wait for
       // the end, without touching the zone.
       while (!stop_.load(std::memory_order_acquire)) SleepNs(kNsPerSec / 10);
       break;
     }
     int64_t until = next_idle < next_reap ? next_idle : next_reap;
-    const bool budget = governor_->BudgetWanted();
+    const bool budget = duties_->BudgetWanted();
     // Budget mode wakes every tick anyway: the idle and reap passes ride on
     // the tick nearest their time instead of waking the thread themselves.
     const int64_t slack = budget ? kBudgetTickNs / 2 : 0;
     if (budget) until = next_budget;
     zone_->WaitForChange(seen, until - now);
     now = MonotonicNowNs();
-    governor_->NoteWatcherLate(now - until, now);
+    duties_->NoteWatcherLate(now - until, now);
     if (zone_->ChangeWord() != seen) {
       // Coalesce a burst of joins into one scan per coalesce_ns.
       SleepNs(last_scan + timing_.coalesce_ns - now);
       seen = zone_->ChangeWord();
-      governor_->ApplyChangedShares();
+      duties_->ApplyChangedShares();
       last_scan = MonotonicNowNs();
       // A join or leave: its connections are due at the next tick.
       if (next_budget > now + kBudgetTickNs) next_budget = now + kBudgetTickNs;
     }
     if (budget && now >= next_budget) {
-      next_budget = governor_->TickBudget(now);
+      next_budget = duties_->TickBudget(now);
     } else if (!budget) {
-      governor_->FinishDrains(now);
+      duties_->FinishDrains(now);
       next_budget = now + kBudgetTickNs;
     }
     if (now + slack >= next_idle) {
-      governor_->ExpireIdle(now);
+      duties_->ExpireIdle(now);
       next_idle = now + idle_tick;
     }
     if (now + slack >= next_reap) {
-      governor_->ReapDead();
+      duties_->ReapDead();
       next_reap = now + timing_.reap_interval_ns;
     }
   }

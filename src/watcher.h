@@ -9,8 +9,10 @@
 //   Watcher watcher(&governor, &zone, &logger, options);
 //   uint32_t proc = watcher.EnsureStarted();  // at the first governed accept
 //
-// Ownership: governor, zone and logger must outlive the Watcher. Thread
-// safety: every public function may be called from any thread.
+// The duties themselves are the Governor's (WatcherDuties); the watcher
+// only says when. Ownership: duties, zone and logger must outlive the
+// Watcher. Thread safety: every public function may be called from any
+// thread.
 
 #ifndef TRAFFICRATE_SRC_WATCHER_H_
 #define TRAFFICRATE_SRC_WATCHER_H_
@@ -25,7 +27,27 @@
 
 namespace trafficrate {
 
-class Governor;
+// What the watcher's loop runs, each at its time (the Governor does them).
+// Called from the watcher thread only, one at a time.
+class WatcherDuties {
+ public:
+  virtual ~WatcherDuties() = default;
+  // Once per loop; false once the zone is corrupt (nothing more to do).
+  virtual bool CheckZone(int64_t now_ns) = 0;
+  // Budget mode: TickBudget at the times it returns; otherwise FinishDrains
+  // every tick.
+  virtual bool BudgetWanted() const = 0;
+  virtual int64_t TickBudget(int64_t now_ns) = 0;
+  virtual void FinishDrains(int64_t now_ns) = 0;
+  // After a join or leave anywhere in the zone (the change word moved).
+  virtual void ApplyChangedShares() = 0;
+  // Every quarter of TRAFFICRATE_IDLE (1 to 100 ms).
+  virtual void ExpireIdle(int64_t now_ns) = 0;
+  // Every reap interval.
+  virtual void ReapDead() = 0;
+  // After every wait: how late it woke.
+  virtual void NoteWatcherLate(int64_t late_ns, int64_t now_ns) = 0;
+};
 
 struct WatcherTiming {
   int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
@@ -35,8 +57,8 @@ struct WatcherTiming {
 
 class Watcher {
  public:
-  // REQUIRES: governor, zone and logger outlive the Watcher.
-  Watcher(Governor* governor, Zone* zone, const Logger* logger,
+  // REQUIRES: duties, zone and logger outlive the Watcher.
+  Watcher(WatcherDuties* duties, Zone* zone, const Logger* logger,
           const WatcherTiming& timing);
   Watcher(const Watcher&) = delete;
   Watcher& operator=(const Watcher&) = delete;
@@ -64,7 +86,7 @@ class Watcher {
   void Run();
   bool Claim();
 
-  Governor* const governor_;
+  WatcherDuties* const duties_;
   Zone* const zone_;
   const Logger* const logger_;
   const WatcherTiming timing_;
