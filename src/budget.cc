@@ -54,6 +54,9 @@ constexpr double kMaxBalanceEffect = 0.5;
 // move it both ways around where the key sends its rate, rather than only
 // down from a ceiling at 1, which held such keys 3-10% under their rate.
 constexpr double kPacedBoostCeiling = 1.25;
+// The boost above which a burst well over the rate gives the equal share at
+// once (BudgetTick).
+constexpr double kBurstRuleBoost = 1.5;
 // Up to this gap between a connection's packets the controller has its
 // full authority (kMinBoost, kMaxBalanceEffect); beyond, less in
 // proportion. Two seconds: a client opening more new connections than its
@@ -340,12 +343,17 @@ BudgetState BudgetTick(const BudgetState& state, const BudgetInput& input,
     }
     boost *= std::exp(Clamp(error * dt / integral_ns, -1.0, 1.0) +
                       balance_error * dt / kBalanceIntegralNs);
-    if (boost > 1 && pace.gap_ns <= 5 * kBudgetTickNs && now_rate > 2 * rate &&
-        measured > 1.25 * rate) {
-      // A burst well over the rate from a key whose level was above the
-      // equal share: its connections went from using little to all
+    if (boost > kBurstRuleBoost && pace.gap_ns <= 5 * kBudgetTickNs &&
+        now_rate > 2 * rate && measured > 1.25 * rate) {
+      // A burst well over the rate from a key whose level was well above
+      // the equal share: its connections went from using little to all
       // sending at once. Give way now, not over several ticks; the equal
-      // share is right when all send.
+      // share is right when all send. Not for a boost of kBurstRuleBoost
+      // or less: all sending at once is then at most that much over the
+      // rate, which the balance's factor repays at once, and one slow
+      // reader whose window opened for 150 ms (the key at 1.3 times its
+      // rate) had the boost taken back to 1 and the key held at 0.83-0.87
+      // of its rate for the second after, while the boost came back.
       boost = std::max(1.0, boost * rate / now_rate);
     }
     // Clearly under the rate for a while, with allowance banked: room to

@@ -220,9 +220,11 @@ def test_a_worker_that_stands_still_for_half_a_second_costs_no_rate(servers, lib
     0.80-0.86x in the seconds after each stop (0.79-0.88 in 4 of 20 runs
     with only the first); now the total is >= 0.965x (0.985-0.993) and the
     seconds after the stops 0.95x or more in 36 runs. A second elsewhere
-    in the window dips to 0.87-0.90x in about 1 run of 10, stops or not
-    (the burst rule of BudgetTick taking a lump of the count for a burst):
-    hence no 1 s window below 0.85x."""
+    in the window dipped to 0.83-0.90x in about 1 run of 10, stops or not:
+    the slow reader took a lump when its window opened, and BudgetTick's
+    burst rule gave the equal share for it. That rule now needs a boost
+    over 1.5 (none in 26 runs since); the bound stays 0.85x until more
+    runs say so."""
     server, (w0, w1) = nginx2(servers, share_env(lib_env, "budget"))
     dset, _ = start_slow_reader_set(server, zone, w0, w1)
     stops = []
