@@ -1390,8 +1390,13 @@ void Governor::ApplyChangedShares() {
 }
 
 void Governor::NoteWatcherLate(int64_t late_ns, int64_t now_ns) {
-  if (late_ns >= options_.idle_ns / 4) {
-    ran_again_ns_.store(now_ns, std::memory_order_relaxed);
+  if (late_ns < options_.idle_ns / 4) return;
+  // As long again as the stall, at most an idle time: a watcher late by
+  // 50 ms every few ticks (an overloaded machine) delays expiry by that
+  // much, and does not keep idle connections in their keys for good.
+  const int64_t until = now_ns + std::min(late_ns, options_.idle_ns);
+  if (until > not_idle_before_ns_.load(std::memory_order_relaxed)) {
+    not_idle_before_ns_.store(until, std::memory_order_relaxed);
   }
 }
 
@@ -1456,14 +1461,14 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
   }
   const uint64_t pace =
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
-  // Not idle before TRAFFICRATE_IDLE has passed since its last send and
-  // since this process last ran again after a stall (NoteWatcherLate), nor
+  // Not idle before TRAFFICRATE_IDLE has passed since its last send, nor
+  // before the time a stall of this process gave it (NoteWatcherLate), nor
   // before the queue it had at the last look can have left at its pace now,
   // nor before budget mode's next measurement (MeasureConn). A send after
   // this look moves the first later, never earlier.
   const int64_t next_look = std::max(
       {last + options_.idle_ns,
-       ran_again_ns_.load(std::memory_order_relaxed) + options_.idle_ns,
+       not_idle_before_ns_.load(std::memory_order_relaxed),
        local.idle_queued_ns.load(std::memory_order_relaxed) +
            IdleCheckDelayNs(local.idle_queued.load(std::memory_order_relaxed),
                             pace),

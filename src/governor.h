@@ -219,10 +219,11 @@ class Governor final : public WatcherDuties {
   // socket since their last send.
   void ExpireIdle(int64_t now_ns) override;
   // The watcher woke this late (its process got no CPU meanwhile: stopped,
-  // frozen, starved): no connection of this process counts as idle before
-  // TRAFFICRATE_IDLE has passed from now, since the server could not write
-  // either (a worker stopped for 0.5 s left its key and joined again at
-  // once, and the join cut the key's level to the equal share).
+  // frozen, starved). From a quarter of TRAFFICRATE_IDLE on, no connection
+  // of this process counts as idle before as long again as the stall (at
+  // most TRAFFICRATE_IDLE) has passed from now, since the server could not
+  // write either (a worker stopped for 0.5 s left its key and joined again
+  // at once, and the join cut the key's level to the equal share).
   void NoteWatcherLate(int64_t late_ns, int64_t now_ns) override;
   void ReapDead() override;
   // Once per watcher loop: looks again at a stalled zone lock, finishes the
@@ -514,9 +515,9 @@ class Governor final : public WatcherDuties {
   // kBudgetLateHoldNs after it and published none (TickBudget).
   int64_t published_due_ns_ = 0;
   bool recounting_ = false;
-  // Watcher: when it last woke a quarter of TRAFFICRATE_IDLE or more late
-  // (NoteWatcherLate).
-  std::atomic<int64_t> ran_again_ns_{0};
+  // Watcher: no connection of this process is idle before then, after a
+  // stall (NoteWatcherLate).
+  std::atomic<int64_t> not_idle_before_ns_{0};
   // Budget mode, watcher: its CPU allowance, which spaces the
   // per-connection work out while the watcher spends more (cpu_budget.h).
   CpuBudget cpu_;

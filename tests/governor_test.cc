@@ -277,17 +277,37 @@ TEST_F(GovernorTest, TimeItsProcessDidNotRunDoesNotMakeAConnectionIdle) {
   gov_->BeforeSend(c.server);
   ASSERT_EQ(ConnOf(c.server).active.load(), 1u);
   last = gov_->LastSendNs(c.server);
-  // One that wakes later: its process stopped (SIGSTOP, no CPU) and ran
-  // again three quarters of an idle time after the last send. The server
-  // could not write meanwhile, so the connection gets a whole idle time
-  // from then.
-  const int64_t ran_again = last + kLongIdleNs * 3 / 4;
-  gov_->NoteWatcherLate(kLongIdleNs / 4, ran_again);
-  gov_->ExpireIdle(last + kLongIdleNs);
+  // One that wakes a whole idle time late or more: its process stopped
+  // (SIGSTOP, no CPU) and ran again after the connection's idle time had
+  // passed. The server could not write meanwhile, so the connection gets a
+  // whole idle time from then.
+  const int64_t ran_again = last + kLongIdleNs * 5 / 4;
+  gov_->NoteWatcherLate(kLongIdleNs, ran_again);
+  gov_->ExpireIdle(ran_again);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
   gov_->ExpireIdle(ran_again + kLongIdleNs - 1);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
   gov_->ExpireIdle(ran_again + kLongIdleNs);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
+}
+
+TEST_F(GovernorTest, AShorterStallGivesAConnectionAsLongAgain) {
+  StartGovernor();
+  const Conn c = Open();
+  ASSERT_GE(c.server, 0);
+  gov_->BeforeSend(c.server);
+  const int64_t last = gov_->LastSendNs(c.server);
+  ASSERT_EQ(Outq(c.server), 0);
+  // Half an idle time late, three quarters of one after the last send:
+  // not idle before half an idle time more from then (a watcher late by
+  // 50 ms every few ticks only delays expiry by that much).
+  const int64_t woke = last + kLongIdleNs * 3 / 4;
+  gov_->NoteWatcherLate(kLongIdleNs / 2, woke);
+  gov_->ExpireIdle(last + kLongIdleNs);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  gov_->ExpireIdle(woke + kLongIdleNs / 2 - 1);
+  EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
+  gov_->ExpireIdle(woke + kLongIdleNs / 2);
   EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
 }
 
