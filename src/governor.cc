@@ -70,9 +70,9 @@ const sockaddr* PeerAddress(int fd, const sockaddr* peer, socklen_t* peer_len,
 
 // The port of an AF_INET or AF_INET6 address, host order; 0 for others.
 uint16_t PortOf(const sockaddr* addr, socklen_t len) {
-  uint8_t peer16[16];
+  uint8_t addr16[16];
   uint16_t port = 0;
-  if (IsInetWithLength(addr, len)) PeerBytes(addr, len, peer16, &port);
+  PeerBytes(addr, len, addr16, &port);
   return port;
 }
 
