@@ -1,4 +1,4 @@
-// The library's side of src/bypass_watch.h: once the governor is
+// The library's side of src/runtime/bypass_watch.h: once the governor is
 // installed, a Go program is told in one line that it will not be paced;
 // any other process gets a ListenWatch, fed by the listen, accept and
 // accept4 interposers.
@@ -7,7 +7,7 @@
 
 #include "absl/base/attributes.h"
 #include "lib/preload.h"
-#include "src/bypass_watch.h"
+#include "src/runtime/bypass_watch.h"
 
 namespace trafficrate {
 

@@ -21,10 +21,10 @@
 
 #include "lib/preload.h"
 #include "lib/real.h"
-#include "src/bypass_watch.h"
-#include "src/governor.h"
-#include "src/shaped_send.h"
-#include "src/shaper.h"
+#include "src/budget/shaped_send.h"
+#include "src/budget/shaper.h"
+#include "src/runtime/bypass_watch.h"
+#include "src/runtime/governor.h"
 
 #define TRAFFICRATE_EXPORT extern "C" __attribute__((visibility("default")))
 

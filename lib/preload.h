@@ -17,7 +17,7 @@ extern std::atomic<Governor*> g_governor;
 
 // Null unless the governor is installed and the program is not a Go one:
 // watches the ports the process listens on for connections no accept()
-// returned (src/bypass_watch.h). Set once after the governor; never
+// returned (src/runtime/bypass_watch.h). Set once after the governor; never
 // destroyed.
 extern std::atomic<ListenWatch*> g_listen_watch;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks (targets from DESIGN.md; not part of scripts/test.sh):
+# Benchmarks (targets: docs/design.md, "Targets"; not part of scripts/test.sh):
 #   writepath (issue 10, Overhead; tests/bench/write_path_bench.cc, Google
 #   Benchmark from libbenchmark-dev): ns per write/send on a governed
 #   loopback socket, raw against the Governor's fast path, a share change,

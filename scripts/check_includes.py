@@ -1,12 +1,23 @@
 #!/usr/bin/python3
-"""Fails on a cycle in the include graph of src/.
+"""Fails on an include against the layer order, and on an include cycle.
 
-A unit is a header and its source (zone.h and zone.cc are the unit "zone";
-governor_budget.cc is a unit of its own that uses "governor"). An edge is
-an #include "src/x.h" from one unit to another. A cycle means two units
-that cannot be understood, built or tested one without the other; each one
-seen so far came from a single misplaced name. Prints every cycle found,
-smallest first, and exits 1 if there is one.
+src/ is in layers, one folder each, and each is a CMake library that links
+only the layers below it (CMakeLists.txt, trafficrate_layer). An include
+"src/L/x.h" from a file of layer K is allowed when L is K or below it:
+
+    base < net < budget < config, shm < runtime < cluster
+
+(config and shm do not use each other). tests/L/ mirrors src/L/ and may
+include what layer L may; tools/ (the CLI) may include config and shm and
+what they use; lib/ (the preload library) anything. tests/ outside a layer
+folder (bench, fuzz, helpers) are not checked: they link what they measure.
+
+A unit is a header and its source (src/shm/zone.h and zone.cc are the unit
+"shm/zone"; src/runtime/governor_budget.cc is a unit of its own that uses
+"runtime/governor"). A cycle means two units that cannot be understood,
+built or tested one without the other; each one seen so far came from a
+single misplaced name. Prints every breach and cycle found, and exits 1 if
+there is one.
 
     scripts/check_includes.py [ROOT]    (ROOT: the checkout, by default
                                          this script's parent's parent)
@@ -16,20 +27,72 @@ import pathlib
 import re
 import sys
 
-INCLUDE = re.compile(r'^#include "src/([A-Za-z0-9_]+)\.h"', re.M)
+INCLUDE = re.compile(r'^#include "src/([A-Za-z0-9_]+)/([A-Za-z0-9_]+)\.h"', re.M)
+ANY_SRC_INCLUDE = re.compile(r'^#include "src/([^"]*)"', re.M)
+
+# Each layer and the layers it may use (besides itself).
+BELOW = {
+    "base": set(),
+    "net": {"base"},
+    "budget": {"base", "net"},
+    "config": {"base", "net", "budget"},
+    "shm": {"base", "net", "budget"},
+    "runtime": {"base", "net", "budget", "config", "shm"},
+    "cluster": {"base", "net", "budget", "config", "shm", "runtime"},
+}
+# Folders outside src/ and the layers their files may include.
+USERS = {
+    "tools": {"base", "net", "budget", "config", "shm"},
+    "lib": set(BELOW),
+}
 
 
-def include_graph(src):
-    """{unit: {unit it includes}} over src/*.h and src/*.cc."""
-    graph = {}
+def source_files(folder):
+    return sorted(folder.glob("*.h")) + sorted(folder.glob("*.cc"))
+
+
+def check_layers(root):
+    """Breaches of the layer order, as lines; and the include graph of src/
+    as {unit: {unit it includes}}."""
+    breaches, graph = [], {}
+    src = root / "src"
     for path in sorted(src.glob("*.h")) + sorted(src.glob("*.cc")):
-        unit = path.stem
-        graph.setdefault(unit, set())
-        for used in INCLUDE.findall(path.read_text()):
-            if used != unit:
-                graph[unit].add(used)
-                graph.setdefault(used, set())
-    return graph
+        breaches.append("%s: src/ holds layer folders only" % path.relative_to(root))
+    for folder in sorted(p for p in src.iterdir() if p.is_dir()):
+        if folder.name not in BELOW:
+            breaches.append("src/%s/: not a layer (add it to BELOW and to "
+                            "CMakeLists.txt)" % folder.name)
+            continue
+        for path in source_files(folder):
+            unit = "%s/%s" % (folder.name, path.stem)
+            graph.setdefault(unit, set())
+            text = path.read_text()
+            for included in ANY_SRC_INCLUDE.findall(text):
+                if "/" not in included:
+                    breaches.append("%s: #include \"src/%s\" names no layer"
+                                    % (path.relative_to(root), included))
+            for layer, name in INCLUDE.findall(text):
+                if layer != folder.name and layer not in BELOW[folder.name]:
+                    breaches.append("%s: includes src/%s/%s.h, but %s may use only %s"
+                                    % (path.relative_to(root), layer, name, folder.name,
+                                       ", ".join(sorted(BELOW[folder.name])) or "itself"))
+                used = "%s/%s" % (layer, name)
+                if used != unit:
+                    graph[unit].add(used)
+                    graph.setdefault(used, set())
+    users = [(root / name, allowed) for name, allowed in USERS.items()]
+    users += [(root / "tests" / layer, BELOW[layer] | {layer}) for layer in BELOW]
+    users.append((root / "tests" / "tools", USERS["tools"]))
+    for folder, allowed in users:
+        if not folder.is_dir():
+            continue
+        for path in source_files(folder):
+            for layer, name in INCLUDE.findall(path.read_text()):
+                if layer not in allowed:
+                    breaches.append("%s: includes src/%s/%s.h, above what %s/ links"
+                                    % (path.relative_to(root), layer, name,
+                                       folder.relative_to(root)))
+    return breaches, graph
 
 
 def strongly_connected(graph):
@@ -98,14 +161,17 @@ def cycle_path(graph, component):
 def main(argv):
     root = pathlib.Path(argv[1]) if len(argv) > 1 else \
         pathlib.Path(__file__).resolve().parent.parent
-    graph = include_graph(root / "src")
+    breaches, graph = check_layers(root)
+    for line in breaches:
+        print(line)
     cycles = strongly_connected(graph)
     for component in cycles:
         print("include cycle in src/: %s" % " -> ".join(cycle_path(graph, component)))
-    if cycles:
+    if breaches or cycles:
         return 1
-    print("src/: %d units, %d includes between them, no cycle"
-          % (len(graph), sum(len(v) for v in graph.values())))
+    print("src/: %d layers, %d units, %d includes between them, none against "
+          "the layer order, no cycle"
+          % (len(BELOW), len(graph), sum(len(v) for v in graph.values())))
     return 0
 
 

@@ -46,7 +46,7 @@ dpkg-deb --contents "$deb" | awk '{print $6}'
 if ((lintian)); then
   echo "== lintian"
   # What it still reports (information tags, overrides) is listed in
-  # README.md, "Install". Shown with the overridden tags, which then count
+  # docs/operations.md, "Install". Shown with the overridden tags, which then count
   # for its exit status; the verdict is a second run without them: an error
   # or a warning fails.
   lintian --tag-display-limit 0 --display-info --show-overrides "$deb" || true

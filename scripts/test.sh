@@ -26,7 +26,7 @@ trafficrate_install_packages
 stage "format (clang-format --dry-run -Werror)"
 { git ls-files '*.cc' '*.h' 2>/dev/null || true; } | xargs -r clang-format --dry-run -Werror
 
-stage "include graph (no cycle between the units of src/)"
+stage "include graph (layer order of src/, no cycle)"
 /usr/bin/python3 scripts/check_includes.py "$TRAFFICRATE_ROOT"
 
 stage "build"

@@ -10,8 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "src/config.h"
-#include "src/zone_layout.h"
+#include "src/config/config.h"
+#include "src/shm/zone_layout.h"
 #include "tools/manual.h"
 
 extern char** environ;

@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "src/clock.h"
-#include "src/config.h"
-#include "src/zone.h"
+#include "src/base/clock.h"
+#include "src/config/config.h"
+#include "src/shm/zone.h"
 
 namespace trafficrate {
 namespace {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "src/snapshot.h"
+#include "src/shm/snapshot.h"
 
 namespace trafficrate {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "src/zone_layout.h"
+#include "src/shm/zone_layout.h"
 
 namespace trafficrate {
 namespace {

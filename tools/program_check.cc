@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "src/elf_probe.h"
+#include "src/base/elf_probe.h"
 
 namespace trafficrate {
 namespace {

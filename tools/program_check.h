@@ -1,5 +1,5 @@
 // `trafficrate run` and `check` look at the program they are given: found
-// as execvp finds it, inspected (src/elf_probe.h), and one line when the
+// as execvp finds it, inspected (src/base/elf_probe.h), and one line when the
 // library cannot pace it (a Go program, a static one, another machine's).
 //
 //   const std::string line = NotPacedLine(command[0]);

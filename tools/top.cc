@@ -20,9 +20,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "src/clock.h"
-#include "src/snapshot.h"
-#include "src/zone.h"
+#include "src/base/clock.h"
+#include "src/shm/snapshot.h"
+#include "src/shm/zone.h"
 #include "tools/cli.h"
 #include "tools/format.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "src/snapshot.h"
+#include "src/shm/snapshot.h"
 
 namespace trafficrate {
 

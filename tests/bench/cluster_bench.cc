@@ -7,10 +7,10 @@
 // Two hosts are two zones of this process, each with its own ClusterAgent
 // (its own thread "trafficrate-cl", its own Redis connection, host ids
 // bench-a and bench-b, one cluster name, secret and URL), as in
-// tests/cluster_agent_test.cc; no LD_PRELOAD and no sockets: connections are
-// registered and joined in the zones directly. The benchmark starts
-// redis-server itself on 127.0.0.1 and a free port (--save "" --appendonly
-// no) and stops it by pid at the end.
+// tests/cluster/cluster_agent_test.cc; no LD_PRELOAD and no sockets:
+// connections are registered and joined in the zones directly. The benchmark
+// starts redis-server itself on 127.0.0.1 and a free port (--save ""
+// --appendonly no) and stops it by pid at the end.
 //
 // For each key count K of --keys, in fresh zones and a cluster name of its
 // own: the measured key with 2 sending connections on each host, and K - 1
@@ -73,12 +73,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "src/clock.h"
-#include "src/cluster.h"
-#include "src/cluster_agent.h"
-#include "src/log.h"
-#include "src/zone.h"
-#include "src/zone_layout.h"
+#include "src/base/clock.h"
+#include "src/base/log.h"
+#include "src/cluster/cluster.h"
+#include "src/cluster/cluster_agent.h"
+#include "src/config/cluster_url.h"
+#include "src/shm/zone.h"
+#include "src/shm/zone_layout.h"
 
 namespace trafficrate {
 namespace {

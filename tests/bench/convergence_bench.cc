@@ -38,12 +38,12 @@
 #include <thread>
 #include <vector>
 
-#include "src/clock.h"
-#include "src/fd_table.h"
-#include "src/governor.h"
-#include "src/log.h"
-#include "src/share.h"
-#include "src/zone.h"
+#include "src/base/clock.h"
+#include "src/base/log.h"
+#include "src/budget/share.h"
+#include "src/runtime/fd_table.h"
+#include "src/runtime/governor.h"
+#include "src/shm/zone.h"
 
 namespace trafficrate {
 namespace {

@@ -1,4 +1,4 @@
-// Write-path microbenchmark (DESIGN.md, Targets, "Overhead": an interposed
+// Write-path microbenchmark (docs/design.md, Targets, "Overhead": an interposed
 // write on a governed socket adds <= 50 ns when no share changes). Google
 // Benchmark; every case writes to one accepted TCP loopback connection whose
 // client end a reader thread drains, so that sends do not block.
@@ -47,12 +47,12 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "src/clock.h"
-#include "src/fd_table.h"
-#include "src/governor.h"
-#include "src/log.h"
-#include "src/share.h"
-#include "src/zone.h"
+#include "src/base/clock.h"
+#include "src/base/log.h"
+#include "src/budget/share.h"
+#include "src/runtime/fd_table.h"
+#include "src/runtime/governor.h"
+#include "src/shm/zone.h"
 
 namespace trafficrate {
 namespace {

@@ -1,5 +1,5 @@
-// libFuzzer target: the program inspector (src/elf_probe.h) on any bytes, as
-// it reads the program `trafficrate run` and `check` are given and, in the
+// libFuzzer target: the program inspector (src/base/elf_probe.h) on any bytes,
+// as it reads the program `trafficrate run` and `check` are given and, in the
 // library, /proc/self/exe. Checked: no crash or undefined behaviour; every
 // read stays within the inspector's bounds, however the headers lie; what it
 // returns agrees with itself and with the bytes.
@@ -11,14 +11,14 @@
 #include <cstdint>
 #include <cstring>
 
-#include "src/elf_probe.h"
+#include "src/base/elf_probe.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace trafficrate {
 namespace fuzz {
 namespace {
 
-// src/elf_probe.cc's bounds: the first read, program headers, the
+// src/base/elf_probe.cc's bounds: the first read, program headers, the
 // interpreter, 8 notes, section headers, their names.
 constexpr size_t kMaxRead = 65536;
 constexpr size_t kMaxAsked = 256 + 14336 + 4096 + 8 * 4096 + 65536 + 16384;

@@ -64,11 +64,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "src/budget.h"
-#include "src/key.h"
-#include "src/zone.h"
-#include "src/zone_file.h"
-#include "src/zone_layout.h"
+#include "src/budget/budget.h"
+#include "src/net/key.h"
+#include "src/shm/zone.h"
+#include "src/shm/zone_file.h"
+#include "src/shm/zone_layout.h"
 
 // Aborts with the condition, so that libFuzzer saves the input.
 #define TRAFFICRATE_FUZZ_CHECK(cond)                                        \
@@ -103,7 +103,7 @@ inline constexpr uint8_t kFlagOpenOrCreate = 8;  // kRawImage: as a server
 // The zone lock held by a thread that never lets go (a TID that exists in no
 // process, without FUTEX_OWNER_DIED): honoured only with
 // TRAFFICRATE_FUZZ_HELD_LOCK=1, since each such input then waits for the
-// lock's timeout (tests/zone_lock_test.cc covers the timeout itself).
+// lock's timeout (tests/runtime/zone_lock_test.cc covers the timeout itself).
 inline constexpr uint8_t kFlagLockHeld = 16;
 // kHeaderAndTables: the header's checksum made to match what was written (a
 // forged header); else a header written over fails its check, as a stray

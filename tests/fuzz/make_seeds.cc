@@ -29,10 +29,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "src/budget.h"
-#include "src/clock.h"
-#include "src/zone.h"
-#include "src/zone_layout.h"
+#include "src/base/clock.h"
+#include "src/budget/budget.h"
+#include "src/shm/zone.h"
+#include "src/shm/zone_layout.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace trafficrate {

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "src/clock.h"
-#include "src/snapshot.h"
-#include "src/zone.h"
+#include "src/base/clock.h"
+#include "src/shm/snapshot.h"
+#include "src/shm/zone.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tools/format.h"
 #include "tools/top.h"

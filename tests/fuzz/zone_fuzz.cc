@@ -5,7 +5,7 @@
 // leave, transfer and deregister, process claims and reaps, repair, live
 // settings, the budget controller's tick on a key's stored state, and a
 // snapshot. The coverage-guided counterpart of
-// tests/zone_garbage_test.cc. Issue 8's rule: no crash, no undefined
+// tests/runtime/zone_garbage_test.cc. Issue 8's rule: no crash, no undefined
 // behaviour, no unbounded loop (libFuzzer's -timeout), and every index a
 // function returns is a slot of the zone or kNoSlot.
 
@@ -17,14 +17,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "src/budget.h"
-#include "src/clock.h"
-#include "src/key.h"
-#include "src/key_budget.h"
-#include "src/share.h"
-#include "src/snapshot.h"
-#include "src/zone.h"
-#include "src/zone_layout.h"
+#include "src/base/clock.h"
+#include "src/budget/budget.h"
+#include "src/budget/share.h"
+#include "src/net/key.h"
+#include "src/shm/key_budget.h"
+#include "src/shm/snapshot.h"
+#include "src/shm/zone.h"
+#include "src/shm/zone_layout.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace trafficrate {

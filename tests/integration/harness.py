@@ -42,7 +42,7 @@ the code lives in sibling modules and is re-exported here:
   * demo.py: the live demo and this file's command line (main()).
 
 Throughput runs must happen in a private network namespace whose loopback has
-MTU 1500 (see DESIGN.md, "Facts measured on these machines"):
+MTU 1500 (see docs/design.md, "Loopback MTU"):
     unshare -n sh -c 'ip link set lo up mtu 1500 && /usr/bin/python3 -m pytest tests/integration'
 """
 

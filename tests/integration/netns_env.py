@@ -150,7 +150,7 @@ def unique_zone(tag="test"):
 
 def zone_dirs(uid=None):
     """The directories where a user's zones live, in the order the library
-    looks at them (src/zone_file.h): for root /run/trafficrate when /run is a
+    looks at them (src/shm/zone_file.h): for root /run/trafficrate when /run is a
     tmpfs, then /dev/shm/trafficrate-UID, then the user's fallback
     directories /dev/shm/trafficrate-UID.XXXXXX (its own ones)."""
     uid = os.geteuid() if uid is None else uid

@@ -20,7 +20,7 @@ import harness
 RATE = "100k"
 CADDY = "/usr/bin/caddy"
 RAW_SERVER = Path(__file__).resolve().with_name("raw_accept_server.py")
-HELP = ('see "Programs that bypass libc" in the README, or '
+HELP = ('see "Programs that bypass libc" in docs/how-it-works.md, or '
         "`trafficrate help limits`")
 GO_REASON = "is a Go program: it makes its system calls itself"
 STATIC_REASON = "is statically linked: the library cannot be loaded into it"

@@ -15,7 +15,7 @@ import harness
 RATE = "500k"
 TARGET = 512000
 CLIENT = "127.0.0.2"
-# ZoneHeaderShm::hash_seed (src/zone_layout.h; pinned by zone_layout_test.cc):
+# ZoneHeaderShm::hash_seed (src/shm/zone_layout.h; pinned by zone_layout_test.cc):
 # immutable once the zone is made, so covered by the checksum.
 HASH_SEED_OFFSET = 88
 

@@ -2,7 +2,7 @@
 names lib/exports.map makes global, each defined as a function, each with
 the real function resolved behind it (lib/real.cc), and nothing else (the
 core, Abseil and hiredis stay hidden, so a host that links its own is not
-disturbed). STYLE.md section 9."""
+disturbed; docs/design.md, "The preload library")."""
 
 import re
 import subprocess

@@ -1,7 +1,7 @@
 """Issue 32: no other local user and no full disk may crash, stall, disable
 or steer a server under trafficrate.
 
-Zones live in a directory of their user's own (src/zone_file.h): root's in
+Zones live in a directory of their user's own (src/shm/zone_file.h): root's in
 /run/trafficrate when /run is a tmpfs, else /dev/shm/trafficrate-0; user
 UID's in /dev/shm/trafficrate-UID. /dev/shm is world-writable, so another
 user can make those names first. Each test runs its servers in a private

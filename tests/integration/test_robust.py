@@ -338,7 +338,7 @@ def wait_for_workers(server, count, exclude=(), timeout=5.0):
 
 # -------------------------------------------------------------- exhaustion
 
-MIN_ZONE_SIZE = "64k"  # src/zone.h kMinZoneSize
+MIN_ZONE_SIZE = "64k"  # src/shm/zone.h kMinZoneSize
 FILL_PROCESSES = 4
 FILL_THREADS = 4  # per process
 FILL_PER_THREAD = 25  # connections each thread opens and keeps open
@@ -661,8 +661,8 @@ def zone_writer(zone):
     return write
 
 
-# ZoneHeaderShm (src/zone_layout.h): (field, offset, size), pinned by
-# tests/zone_layout_test.cc, which test_header_table_matches_the_pinned_layout
+# ZoneHeaderShm (src/shm/zone_layout.h): (field, offset, size), pinned by
+# tests/shm/zone_layout_test.cc, which test_header_table_matches_the_pinned_layout
 # cross-checks. The lock is glibc's x86-64 pthread_mutex_t (40 bytes).
 HEADER_FIELDS = [
     ("magic", 0, 8), ("layout_version", 8, 4), ("header_size", 12, 4),

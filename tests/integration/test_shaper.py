@@ -7,7 +7,7 @@ at once and the connections of a key stay out of phase; every connection's
 first bytes go out as ~10 tiny pieces, so that the kernel's 10 unpaced
 initial segments carry ~1 KB; sendfile goes through pread + send(MSG_EOR);
 splice from a pipe passes through. TRAFFICRATE_SHAPE=1 (the default) | 0.
-See ../shared/DESIGN.md, "Packet granularity".
+See docs/design.md, "Packet granularity".
 
 The whole module runs at the kernel's default net.ipv4.tcp_tso_rtt_log = 9
 (the default_tso fixture sets it and restores it), as users have it, in

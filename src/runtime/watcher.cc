@@ -1,0 +1,193 @@
+#include "src/runtime/watcher.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "src/base/clock.h"
+#include "src/base/library_thread.h"
+#include "src/budget/budget.h"
+
+namespace trafficrate {
+namespace {
+
+constexpr int64_t kStartWaitNs = 200 * kNsPerMs;
+constexpr size_t kStackBytes = 256 * 1024;
+
+// The process's pid as /proc shows it, which is what `trafficrate stat`
+// and `rm` see: in a new PID namespace (a container's, or a server's
+// sandbox) getpid() says 1 or another small number of that namespace.
+int32_t PidInProc() {
+  char buf[32];
+  const ssize_t n = readlink("/proc/self", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    buf[n] = '\0';
+    char* end = nullptr;
+    const long pid = std::strtol(buf, &end, 10);
+    if (end != buf && *end == '\0' && pid > 0 && pid <= INT32_MAX) {
+      return static_cast<int32_t>(pid);
+    }
+  }
+  return static_cast<int32_t>(getpid());
+}
+
+}  // namespace
+
+Watcher::Watcher(WatcherDuties* duties, Zone* zone, const Logger* logger,
+                 const WatcherTiming& timing)
+    : duties_(duties),
+      zone_(zone),
+      logger_(logger),
+      timing_(timing),
+      pid_(static_cast<int32_t>(getpid())) {}
+
+uint32_t Watcher::EnsureStarted() {
+  const uint32_t p = proc_.load(std::memory_order_acquire);
+  if (p != kNoSlot) return p;
+  int expected = kNotStarted;
+  if (state_.compare_exchange_strong(expected, kStarting)) {
+    start_deadline_ns_.store(MonotonicNowNs() + kStartWaitNs,
+                             std::memory_order_release);
+    const int rc = StartLibraryThread(&thread_, &Main, this, kStackBytes,
+                                      /*detached=*/false);
+    if (rc != 0) {
+      state_.store(kFailed, std::memory_order_release);
+      logger_->Error(
+          "cannot start the watcher thread (%s); connections of "
+          "process %d pass through unpaced",
+          strerror(rc), pid_);
+      return kNoSlot;
+    }
+  }
+  const int64_t deadline = start_deadline_ns_.load(std::memory_order_acquire);
+  while (state_.load(std::memory_order_acquire) == kStarting &&
+         MonotonicNowNs() < deadline) {
+    SleepNs(20'000);
+  }
+  return proc_.load(std::memory_order_acquire);
+}
+
+void Watcher::AfterForkChild() {
+  proc_.store(kNoSlot, std::memory_order_relaxed);
+  state_.store(kNotStarted, std::memory_order_relaxed);
+  stop_.store(false, std::memory_order_relaxed);
+  start_deadline_ns_.store(0, std::memory_order_relaxed);
+  liveness_ = HeldMutex();  // the parent's thread holds it, not ours
+  pid_ = static_cast<int32_t>(getpid());
+}
+
+void* Watcher::Main(void* self) {
+  pthread_setname_np(pthread_self(), "trafficrate");
+  static_cast<Watcher*>(self)->Run();
+  return nullptr;
+}
+
+bool Watcher::Claim() {
+  uint32_t me = kNoSlot;
+  const int32_t proc_pid = PidInProc();
+  uint32_t reaped = 0;  // connections of dead processes, released
+  // The zone lock may be held for long (its holder stopped): wait for it in
+  // bounded steps, for as long as the process wants the watcher.
+  for (;;) {
+    if (stop_.load(std::memory_order_acquire) || zone_->corrupt()) {
+      state_.store(kFailed, std::memory_order_release);
+      return false;
+    }
+    ZoneLock lock(*zone_, kWatcherLockWaitNs);
+    if (lock.ok()) {
+      me = zone_->ClaimProcLocked(proc_pid, MonotonicNowNs(), &liveness_,
+                                  &reaped);
+      break;
+    }
+    if (zone_->lock_stalled() && !zone_->RecheckLock()) {
+      SleepNs(kWatcherLockWaitNs);
+    }
+  }
+  if (reaped > 0) zone_->WakeWatchers();
+  if (me == kNoSlot) {
+    state_.store(kFailed, std::memory_order_release);
+    logger_->Error(
+        "zone %s has no free process slot (%u); connections of "
+        "process %d pass through unpaced; raise "
+        "TRAFFICRATE_ZONE_SIZE",
+        zone_->name().c_str(), zone_->proc_capacity(), proc_pid);
+    return false;
+  }
+  proc_.store(me, std::memory_order_release);
+  state_.store(kRunning, std::memory_order_release);
+  return true;
+}
+
+void Watcher::Run() {
+  // Before Claim publishes kRunning: a join pushed after EnsureStarted
+  // returns must find the change word moved, or the push is lost (the
+  // process's first connections would keep their old share until they send
+  // again).
+  uint32_t seen = zone_->ChangeWord();
+  if (!Claim()) return;
+  int64_t idle_tick = timing_.idle_ns / 4;
+  if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
+  if (idle_tick > 100 * kNsPerMs) idle_tick = 100 * kNsPerMs;
+  int64_t now = MonotonicNowNs();
+  int64_t next_idle = now + idle_tick;
+  int64_t next_reap = now;
+  int64_t next_budget = now + kBudgetTickNs;
+  int64_t last_scan = 0;
+  while (!stop_.load(std::memory_order_acquire)) {
+    now = MonotonicNowNs();
+    if (!duties_->CheckZone(now)) {
+      // Corrupt: the process passes through; nothing to do but wait for
+      // the end, without touching the zone.
+      while (!stop_.load(std::memory_order_acquire)) SleepNs(kNsPerSec / 10);
+      break;
+    }
+    int64_t until = next_idle < next_reap ? next_idle : next_reap;
+    const bool budget = duties_->BudgetWanted();
+    // Budget mode wakes every tick anyway: the idle and reap passes ride on
+    // the tick nearest their time instead of waking the thread themselves.
+    const int64_t slack = budget ? kBudgetTickNs / 2 : 0;
+    if (budget) until = next_budget;
+    zone_->WaitForChange(seen, until - now);
+    now = MonotonicNowNs();
+    duties_->NoteWatcherLate(now - until, now);
+    if (zone_->ChangeWord() != seen) {
+      // Coalesce a burst of joins into one scan per coalesce_ns.
+      SleepNs(last_scan + timing_.coalesce_ns - now);
+      seen = zone_->ChangeWord();
+      duties_->ApplyChangedShares();
+      last_scan = MonotonicNowNs();
+      // A join or leave: its connections are due at the next tick.
+      if (next_budget > now + kBudgetTickNs) next_budget = now + kBudgetTickNs;
+    }
+    if (budget && now >= next_budget) {
+      next_budget = duties_->TickBudget(now);
+    } else if (!budget) {
+      duties_->FinishDrains(now);
+      next_budget = now + kBudgetTickNs;
+    }
+    if (now + slack >= next_idle) {
+      duties_->ExpireIdle(now);
+      next_idle = now + idle_tick;
+    }
+    if (now + slack >= next_reap) {
+      duties_->ReapDead();
+      next_reap = now + timing_.reap_interval_ns;
+    }
+  }
+  // Give up the liveness token: to the zone, this process is now dead.
+  liveness_.Release();
+}
+
+void Watcher::Stop() {
+  if (state_.load(std::memory_order_acquire) != kRunning) return;
+  stop_.store(true, std::memory_order_release);
+  zone_->WakeWatchers();
+  pthread_join(thread_, nullptr);
+  proc_.store(kNoSlot, std::memory_order_release);
+  state_.store(kNotStarted, std::memory_order_release);
+  stop_.store(false, std::memory_order_release);
+}
+
+}  // namespace trafficrate

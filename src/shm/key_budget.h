@@ -1,0 +1,153 @@
+// A key's shared-budget state as it lives in the zone (KeySlotShm), and the
+// per-key lease that lets one process at a time decide the key's level.
+//
+//   if (TryTakeLease(key, proc, now_ns)) {
+//     BudgetState state = LoadBudget(key);
+//     ... state = BudgetTick(state, input, settings); ...
+//     StoreBudget(key, state);
+//   }
+//
+// Hot path safe: atomics only, no allocation, errno untouched.
+
+#ifndef TRAFFICRATE_SRC_SHM_KEY_BUDGET_H_
+#define TRAFFICRATE_SRC_SHM_KEY_BUDGET_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "src/budget/budget.h"
+#include "src/budget/share.h"
+#include "src/shm/zone_layout.h"
+
+namespace trafficrate {
+
+// A lease lasts three ticks: its holder renews it every tick, and another
+// process takes over within 60 ms of the holder's death or stall.
+inline constexpr int64_t kLeaseMs = 3 * kBudgetTickNs / 1'000'000;
+inline constexpr uint64_t kLeaseExpiryMask = (uint64_t{1} << 48) - 1;
+
+// A lease word, (proc + 1) << 48 | expiry in CLOCK_MONOTONIC ms: taken (or
+// renewed) by `proc` for lease_ms if it is free, expired or its own (or
+// ends more than lease_ms ahead, which no holder writes).
+inline bool TryTakeLeaseWord(std::atomic<uint64_t>& word, uint32_t proc,
+                             int64_t now_ns, int64_t lease_ms) {
+  const uint64_t now_ms = static_cast<uint64_t>(now_ns / 1'000'000);
+  const uint64_t me = uint64_t{proc} + 1;
+  uint64_t seen = word.load(std::memory_order_acquire);
+  const uint64_t owner = seen >> 48;
+  const uint64_t expiry = seen & kLeaseExpiryMask;
+  // A lease ending further ahead than any holder could have set it was not
+  // written by one (a corrupt zone): it is free, or nobody would ever act.
+  if (owner != 0 && owner != me && expiry > now_ms &&
+      expiry - now_ms <= static_cast<uint64_t>(lease_ms)) {
+    return false;
+  }
+  const uint64_t mine = me << 48 | ((now_ms + static_cast<uint64_t>(lease_ms)) &
+                                    kLeaseExpiryMask);
+  return word.compare_exchange_strong(seen, mine, std::memory_order_acq_rel);
+}
+
+// Takes or renews the key's lease for process slot proc (below 65535).
+// False while another live process holds it.
+inline bool TryTakeLease(KeySlotShm& key, uint32_t proc, int64_t now_ns) {
+  return TryTakeLeaseWord(key.lease, proc, now_ns, kLeaseMs);
+}
+
+// KeySlotShm::budget_aux: what the lease holder writes (ticks under the
+// rate, packet size) and the count of connections under their pace, which
+// their owners add to and take off.
+inline constexpr uint32_t kAuxUnderTicksMask = 0xff;
+inline constexpr int kAuxPacketShift = 8;
+inline constexpr uint32_t kAuxPacketMax = 0x1ff;  // 9 bits, x 256 bytes
+inline constexpr int kAuxUnderPaceShift = 17;
+inline constexpr uint32_t kAuxHolderMask =
+    (uint32_t{1} << kAuxUnderPaceShift) - 1;
+inline constexpr uint32_t kAuxUnderPaceMax = UINT32_MAX >> kAuxUnderPaceShift;
+
+// Of the key's sending connections, how many send less than their pacing
+// allows (BudgetInput::under).
+inline uint32_t UnderPaceOf(const KeySlotShm& key) {
+  return key.budget_aux.load(std::memory_order_relaxed) >> kAuxUnderPaceShift;
+}
+
+// Adds one to that count; false (and nothing added) once it is full.
+inline bool AddUnderPace(KeySlotShm& key) {
+  uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
+  do {
+    if ((seen >> kAuxUnderPaceShift) >= kAuxUnderPaceMax) return false;
+  } while (!key.budget_aux.compare_exchange_weak(
+      seen, seen + (uint32_t{1} << kAuxUnderPaceShift),
+      std::memory_order_relaxed));
+  return true;
+}
+
+// Takes one off it (never below 0).
+inline void DropUnderPace(KeySlotShm& key) {
+  uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
+  while ((seen >> kAuxUnderPaceShift) > 0 &&
+         !key.budget_aux.compare_exchange_weak(
+             seen, seen - (uint32_t{1} << kAuxUnderPaceShift),
+             std::memory_order_relaxed)) {
+  }
+}
+
+inline void ClearUnderPace(KeySlotShm& key) {
+  key.budget_aux.fetch_and(kAuxHolderMask, std::memory_order_relaxed);
+}
+
+inline BudgetState LoadBudget(const KeySlotShm& key) {
+  BudgetState s;
+  s.last_ns = key.budget_last_ns.load(std::memory_order_relaxed);
+  s.sent_bytes = key.budget_sent_bytes.load(std::memory_order_relaxed);
+  s.balance_bytes = key.balance_bytes.load(std::memory_order_relaxed);
+  s.level_bytes_per_sec =
+      key.level_bytes_per_sec.load(std::memory_order_relaxed);
+  s.measured_bytes_per_sec =
+      key.measured_bytes_per_sec.load(std::memory_order_relaxed);
+  const uint32_t boost = key.boost.load(std::memory_order_relaxed);
+  s.boost = boost != 0 ? boost : kBoostOne;
+  const uint32_t aux = key.budget_aux.load(std::memory_order_relaxed);
+  s.under_ticks = aux & kAuxUnderTicksMask;
+  s.packet_bytes = ((aux & kAuxHolderMask) >> kAuxPacketShift) * 256;
+  s.start_ns = key.budget_start_ns.load(std::memory_order_relaxed);
+  s.start_allowance_bytes = key.start_allowance.load(std::memory_order_relaxed);
+  return s;
+}
+
+inline void StoreBudget(KeySlotShm& key, const BudgetState& s) {
+  key.budget_last_ns.store(s.last_ns, std::memory_order_relaxed);
+  key.budget_sent_bytes.store(s.sent_bytes, std::memory_order_relaxed);
+  key.balance_bytes.store(s.balance_bytes, std::memory_order_relaxed);
+  key.level_bytes_per_sec.store(s.level_bytes_per_sec,
+                                std::memory_order_relaxed);
+  key.measured_bytes_per_sec.store(s.measured_bytes_per_sec,
+                                   std::memory_order_relaxed);
+  key.boost.store(s.boost, std::memory_order_relaxed);
+  key.budget_start_ns.store(s.start_ns, std::memory_order_relaxed);
+  key.start_allowance.store(s.start_allowance_bytes, std::memory_order_relaxed);
+  const uint32_t packet_units =
+      std::min<uint32_t>(s.packet_bytes / 256, kAuxPacketMax);
+  const uint32_t mine = std::min<uint32_t>(s.under_ticks, kAuxUnderTicksMask) |
+                        packet_units << kAuxPacketShift;
+  // The count of connections under their pace is kept as it is.
+  uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
+  while (!key.budget_aux.compare_exchange_weak(
+      seen, (seen & ~kAuxHolderMask) | mine, std::memory_order_relaxed)) {
+  }
+}
+
+// The pacing rate of each sending connection of a key in budget mode: its
+// level, at most the rate; before the key has a level, an equal split.
+inline uint64_t LevelInForce(uint64_t level_bytes_per_sec,
+                             uint64_t rate_bytes_per_sec, uint32_t active) {
+  if (level_bytes_per_sec == 0) {
+    return ShareBytesPerSec(rate_bytes_per_sec, active);
+  }
+  return std::max<uint64_t>(1,
+                            std::min(level_bytes_per_sec, rate_bytes_per_sec));
+}
+
+}  // namespace trafficrate
+
+#endif  // TRAFFICRATE_SRC_SHM_KEY_BUDGET_H_
