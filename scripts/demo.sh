@@ -9,8 +9,8 @@
 #
 # Installs missing build/test packages with apt-get, builds with CMake + Ninja
 # into $TRAFFICRATE_BUILD_DIR (default <repo>/build), then runs everything in a
-# private network namespace whose loopback has MTU 1500 (see DESIGN.md: on the
-# host's 64 KiB-MTU loopback the kernel's unpaced first segments skew rates).
+# private network namespace whose loopback has MTU 1500 (docs/design.md#loopback-mtu:
+# on the host's 64 KiB-MTU loopback the kernel's unpaced first segments skew rates).
 # nginx is stopped by pid, the zone (trafficrate rm) and the temp directory
 # are removed when the demo ends, also on Ctrl-C.
 set -euo pipefail
