@@ -105,9 +105,9 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
 std::map<std::string, std::string> ConfigEnvironment(
     const ParsedArgs& args, const std::map<std::string, std::string>& base) {
   std::map<std::string, std::string> env = base;
-  for (const VariableDoc& v : VariableDocs()) {
+  for (const Variable& v : Variables()) {
     if (v.option == nullptr || !args.Has(v.option)) continue;
-    env[v.variable] = *v.arg == '\0' ? v.switch_value : args.Get(v.option, "");
+    env[v.name] = *v.arg == '\0' ? v.switch_value : args.Get(v.option, "");
   }
   // --config FILE may be relative to here; the server may chdir, so the
   // library gets it absolute (TRAFFICRATE_CONFIG must be).
@@ -122,8 +122,8 @@ std::map<std::string, std::string> ConfigEnvironment(
 }
 
 std::string ForOptions(const ParsedArgs& args, std::string message) {
-  for (const VariableDoc& v : VariableDocs()) {
-    const std::string prefix = absl::StrCat(v.variable, ": ");
+  for (const Variable& v : Variables()) {
+    const std::string prefix = absl::StrCat(v.name, ": ");
     if (v.option != nullptr && args.Has(v.option) &&
         absl::StartsWith(message, prefix)) {
       return absl::StrCat(v.option, ": ", message.substr(prefix.size()));

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "src/config/config.h"
 #include "src/shm/zone_layout.h"
 
 namespace trafficrate {
@@ -33,159 +34,16 @@ const std::vector<const char*>& OverviewParagraphs() {
   return *kParagraphs;
 }
 
-std::vector<VariableDoc>* MakeVariableDocs() {
-  return new std::vector<VariableDoc>{
-      {"TRAFFICRATE_RATE", "--rate", "R", "",
-       "per-client rate in bytes/s; k = x1024, m = x1024^2",
-       "The rate each client key shares among its sending connections, in "
-       "bytes per second: an integer from 1 to 1048576m, optionally followed "
-       "by k (x1024) or m (x1024^2), as nginx counts. Unset (and no "
-       "TRAFFICRATE_CONFIG): the library does nothing.",
-       ""},
-      {"TRAFFICRATE_KEY", "--key", "K", "",
-       "peer | peer/N | peer/N,M | local | all",
-       "What makes a client: `peer` (the client's IP address; an "
-       "IPv4-mapped IPv6 address counts as IPv4), `peer/24` or `peer/24,64` "
-       "(the client's network, IPv4 and IPv6 prefix lengths), `local` (the "
-       "server's address and port) or `all` (one bucket for every client).",
-       "peer"},
-      {"TRAFFICRATE_ZONE", "--zone", "NAME", "", "zone name",
-       "The zone's name: the zone file NAME that every process of the "
-       "server (and the trafficrate command) shares, in a directory of the "
-       "server's user (see ZONE in trafficrate(7)); 1 to 64 of A-Z a-z 0-9 "
-       "_ . -.",
-       "\"default\""},
-      {"TRAFFICRATE_ZONE_SIZE", "--zone-size", "S", "", "zone size, e.g. 32m",
-       "The zone's size, with k, m or g, 64k to 1g; it bounds how many keys, "
-       "connections and processes the zone holds (`trafficrate check` says "
-       "how many). Used by the process that creates the zone.",
-       "1m"},
-      {"TRAFFICRATE_IDLE", "--idle", "D", "",
-       "a connection idle this long stops taking a share, e.g. 200ms",
-       "A connection that has not written for this long and has an empty "
-       "send queue stops taking a share until it writes again (time in "
-       "which its process got no CPU does not count): 200ms, 1s; a plain "
-       "number is milliseconds; 1ms to 60s.",
-       "200ms"},
-      {"TRAFFICRATE_LOG", "--log", "L", "", "stderr | syslog | off | /path",
-       "Where the library's one-line messages go: `stderr`, `syslog` "
-       "(identifier trafficrate, facility daemon; see LOGGING), `off`, or an "
-       "absolute file path (appended to). A bad variable is reported on "
-       "stderr, whatever this says.",
-       "stderr"},
-      {"TRAFFICRATE_PORTS", "--ports", "P", "",
-       "only govern connections accepted on these local ports, e.g. 80,443",
-       "A comma list of local ports or ranges (80,443,8000-8099) whose "
-       "accepted connections are governed; other connections pass through "
-       "untouched.",
-       "every port"},
-      {"TRAFFICRATE_EXEMPT", "--exempt", "C", "",
-       "never govern these clients, e.g. 10.0.0.0/8,::1",
-       "A comma list of up to 64 client addresses or networks never "
-       "governed (10.0.0.0/8,127.0.0.3,2001:db8::/32); an IPv4 entry also "
-       "matches its IPv4-mapped IPv6 form.",
-       "none"},
-      {"TRAFFICRATE_AFTER", "--after", "N", "",
-       "bytes each connection sends before pacing starts, e.g. 1m",
-       "Bytes each connection sends before it is paced and takes a share "
-       "(nginx's limit_rate_after, but per connection, not per request), "
-       "counted once they have left the socket; k, m or g, 0 to 1024g.",
-       "0"},
-      {"TRAFFICRATE_SHARE", "--share", "M", "",
-       "budget: a shared byte budget per client, measured across processes, "
-       "no cap while the client is under its rate; equal: rate/active per "
-       "sending connection, always",
-       "`budget`: a byte budget per key shared across processes and measured "
-       "from what really leaves the sockets, so a connection that sends less "
-       "than its share leaves the rest to the others and nothing is capped "
-       "while the key is under its rate. `equal`: each sending connection is "
-       "paced at rate / active, always (for comparison).",
-       "budget"},
-      {"TRAFFICRATE_BURST", "--burst", "N", "",
-       "budget mode: unused allowance a client may bank, e.g. 64k",
-       "Budget mode only: how much unused allowance a key may bank while "
-       "under its rate; k, m or g, 1k to 1g.",
-       "50 ms of the rate, at least 16k"},
-      {"TRAFFICRATE_STRICT", "--strict", "", "1",
-       "a bad configuration stops the server at start-up",
-       "`1`: a bad configuration or zone makes the process exit with status "
-       "1 at start-up. `0`: it logs one line and runs unpaced, exactly as "
-       "without the library.",
-       "0"},
-      {"TRAFFICRATE_INHERITED", "--no-inherited", "", "0",
-       "leave alone the client connections the server inherits at start-up "
-       "(inetd, systemd Accept=yes), which are governed by default",
-       "`1`: connected TCP client sockets the process inherits at start-up "
-       "from its launcher (inetd, xinetd, systemd Accept=yes) are governed; "
-       "`0`: they are left alone.",
-       "1"},
-      {"TRAFFICRATE_SHAPE", "--no-shape", "", "0",
-       "leave every send to the kernel's own packet sizes instead of "
-       "cutting slow connections' sends into small pieces (for comparison)",
-       "`1`: the sends of connections paced below about 2.5 MB/s, and the "
-       "first bytes of every connection, go to the kernel as small MSG_EOR "
-       "pieces (about 40 a second, a different size on each connection of a "
-       "client), so that the rate holds in every second and a new "
-       "connection's unpaced start is about 1 KB; sendfile to such a "
-       "connection goes through a bounded copy. `0`: every call goes to the "
-       "kernel as the server made it.",
-       "1"},
-      {"TRAFFICRATE_CONFIG", "--config", "FILE", "",
-       "a rules file: named rules, each with its own listen ports, clients, "
-       "exempt, key, rate, after and burst, in place of --rate, --key, "
-       "--ports, --exempt, --after and --burst; see `trafficrate help rules`",
-       "The absolute path of a rules file (RULES FILE below): several named "
-       "rules, each with its own listen endpoints, clients, key, rate, after "
-       "and burst, in place of TRAFFICRATE_RATE, _KEY, _PORTS, _EXEMPT, "
-       "_AFTER and _BURST, which are then an error.",
-       ""},
-      {"TRAFFICRATE_CLUSTER", "--cluster", "URL", "",
-       "share each client's rate with the other hosts of a fleet through "
-       "Redis, e.g. redis://10.0.0.5:6379/0; see `trafficrate help fleet`",
-       "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: share each key's rate "
-       "with the other hosts that use the same Redis server, cluster name "
-       "and secret (FLEET below). No TLS: Debian 12's hiredis has none, so "
-       "rediss:// is refused; reach Redis over a trusted network or a "
-       "tunnel.",
-       "this host alone"},
-      {"TRAFFICRATE_CLUSTER_SECRET", nullptr, "", "", "",
-       "Required with TRAFFICRATE_CLUSTER: 16 to 256 printable characters, "
-       "the same on every host of the fleet. Client keys are hashed with it "
-       "(SipHash-2-4) before they go to Redis, so Redis never holds client "
-       "addresses. No option sets it: a command line is visible to every "
-       "user.",
-       ""},
-      {"TRAFFICRATE_CLUSTER_NAME", "--cluster-name", "NAME", "",
-       "the fleet's name in Redis",
-       "The fleet's namespace in Redis (1 to 64 of A-Z a-z 0-9 _ . -): hosts "
-       "share rates when their cluster names and secrets are the same.",
-       "the zone name"},
-      {"TRAFFICRATE_CLUSTER_DECAY", "--cluster-decay", "D", "",
-       "while Redis is away, how long the last shares take to reach the "
-       "full local rate, e.g. 10s",
-       "While Redis cannot be reached, each key's last share moves linearly "
-       "to the full local rate over this long, counted from the last "
-       "exchange: 0 to 600s; 0 gives the full rate at once.",
-       "10s"},
-      {"TRAFFICRATE_CLUSTER_HOST", "--cluster-host", "NAME", "",
-       "this host's name in the fleet, when hostnames are not unique",
-       "This host's name in Redis (1 to 64 of A-Z a-z 0-9 _ . -); its id "
-       "there is NAME/ZONE. Every host of a fleet needs its own: set it "
-       "where machines share a hostname (cloned images, containers).",
-       "the hostname"},
-  };
-}
-
 std::vector<OptionDoc> ConfigOptionDocs() {
   std::vector<OptionDoc> options;
-  for (const VariableDoc& v : VariableDocs()) {
+  for (const Variable& v : Variables()) {
     if (v.option == nullptr) continue;
     // Kept for the program (a deque: its strings never move).
     static auto* const texts = new std::deque<std::string>();
     std::string& text = texts->emplace_back(v.help);
-    absl::StrAppend(&text, " (", v.variable, *v.arg == '\0' ? "=" : "",
-                    v.switch_value, *v.default_of != '\0' ? ", default " : "",
-                    v.default_of, ")");
+    absl::StrAppend(
+        &text, " (", v.name, *v.arg == '\0' ? "=" : "", v.switch_value,
+        *v.default_text() != '\0' ? ", default " : "", v.default_text(), ")");
     options.push_back({v.option, v.arg, text.c_str()});
   }
   return options;
@@ -637,10 +495,10 @@ std::string Fill(const std::string& text, size_t width,
 
 // A variable's entry in trafficrate(7) and `trafficrate help environment`:
 // its text, its default and the option that sets it.
-std::string VariableText(const VariableDoc& v) {
+std::string VariableText(const Variable& v) {
   std::string text = v.manual;
-  if (*v.default_of != '\0') {
-    absl::StrAppend(&text, " Default: ", v.default_of, ".");
+  if (*v.default_text() != '\0') {
+    absl::StrAppend(&text, " Default: ", v.default_text(), ".");
   }
   if (v.option != nullptr) absl::StrAppend(&text, " Option: `", v.option, "`.");
   return text;
@@ -823,8 +681,8 @@ std::string ManPage7(const std::string& date) {
     absl::StrAppend(&out, ".SH ", t.title, "\n");
     for (const char* p : t.paragraphs) absl::StrAppend(&out, RoffParagraph(p));
     if (std::strcmp(t.topic, "environment") != 0) continue;
-    for (const VariableDoc& v : VariableDocs()) {
-      absl::StrAppend(&out, ".TP\n", RoffCode(v.variable), "\n",
+    for (const Variable& v : Variables()) {
+      absl::StrAppend(&out, ".TP\n", RoffCode(v.name), "\n",
                       Roff(VariableText(v)), "\n");
     }
   }
@@ -836,11 +694,6 @@ std::string ManPage7(const std::string& date) {
 }
 
 }  // namespace
-
-const std::vector<VariableDoc>& VariableDocs() {
-  static const std::vector<VariableDoc>* const kDocs = MakeVariableDocs();
-  return *kDocs;
-}
 
 const std::vector<CommandDoc>& CommandDocs() {
   static const std::vector<CommandDoc>* const kDocs = MakeCommandDocs();
@@ -915,8 +768,8 @@ std::string TopicHelp(const TopicDoc& topic) {
     absl::StrAppend(&out, "\n", TextParagraph(p));
   }
   if (std::strcmp(topic.topic, "environment") == 0) {
-    for (const VariableDoc& v : VariableDocs()) {
-      absl::StrAppend(&out, "\n", v.variable, "\n",
+    for (const Variable& v : Variables()) {
+      absl::StrAppend(&out, "\n", v.name, "\n",
                       Fill(VariableText(v), kWidth, "  ", "  "));
     }
   }

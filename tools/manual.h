@@ -35,17 +35,6 @@ struct CommandDoc {
   std::vector<const char*> examples;  // command lines
 };
 
-// One TRAFFICRATE_* variable, and the run/check option that sets it.
-struct VariableDoc {
-  const char* variable;  // "TRAFFICRATE_RATE"
-  const char* option;    // "--rate", or nullptr: no option sets it
-  const char* arg;       // "RATE"; "" for a switch (sets switch_value)
-  const char* switch_value;
-  const char* help;        // the option's line in --help
-  const char* manual;      // the variable in trafficrate(7)
-  const char* default_of;  // "" when there is nothing to say
-};
-
 // A section of trafficrate(7), also `trafficrate help TOPIC`.
 struct TopicDoc {
   const char* topic;  // "rules"
@@ -55,7 +44,6 @@ struct TopicDoc {
 
 const std::vector<CommandDoc>& CommandDocs();
 const CommandDoc* FindCommandDoc(const std::string& name);
-const std::vector<VariableDoc>& VariableDocs();
 const std::vector<TopicDoc>& TopicDocs();
 const TopicDoc* FindTopicDoc(const std::string& topic);
 

@@ -22,6 +22,13 @@
 namespace trafficrate {
 namespace {
 
+// The names of Variables(), in their order.
+std::vector<const char*> VariableNames() {
+  std::vector<const char*> names;
+  for (const Variable& variable : Variables()) names.push_back(variable.name);
+  return names;
+}
+
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
@@ -79,6 +86,40 @@ TEST(ParseConfigTest, OnlyRateSetGivesDefaults) {
   EXPECT_EQ(config.after_bytes, 0u);
 }
 
+// An unset variable reads as its table default: setting that value gives
+// the same configuration.
+TEST(ParseConfigTest, AnUnsetVariableIsItsDefaultValue) {
+  const std::map<std::string, std::string> base = {
+      {kEnvRate, "500k"},
+      {kEnvCluster, "redis://127.0.0.1"},
+      {kEnvClusterSecret, "0123456789abcdef"}};
+  FakeEnv unset;
+  for (const auto& [name, value] : base) unset.Set(name, value);
+  const Config defaults = unset.Parse().value();
+  for (const Variable& variable : Variables()) {
+    if (*variable.default_value == '\0') continue;
+    FakeEnv set;
+    for (const auto& [name, value] : base) set.Set(name, value);
+    set.Set(variable.name, variable.default_value);
+    absl::StatusOr<Config> config = set.Parse();
+    ASSERT_TRUE(config.ok()) << variable.name << ": " << config.status();
+    EXPECT_EQ(config->key.mode, defaults.key.mode) << variable.name;
+    EXPECT_EQ(config->zone_name, defaults.zone_name) << variable.name;
+    EXPECT_EQ(config->zone_size_bytes, defaults.zone_size_bytes);
+    EXPECT_EQ(config->after_bytes, defaults.after_bytes);
+    EXPECT_EQ(config->log, defaults.log);
+    EXPECT_EQ(config->strict, defaults.strict);
+    EXPECT_EQ(config->idle_ns, defaults.idle_ns);
+    EXPECT_EQ(config->share, defaults.share);
+    EXPECT_EQ(config->inherited, defaults.inherited);
+    EXPECT_EQ(config->shape, defaults.shape);
+    EXPECT_EQ(config->cluster_decay_ns, defaults.cluster_decay_ns);
+  }
+  EXPECT_EQ(FindVariable("TRAFFICRATE_IDLE")->default_value,
+            std::string("200ms"));
+  EXPECT_EQ(FindVariable("TRAFFICRATE_RAT"), nullptr);
+}
+
 TEST(ParseConfigTest, RateUnsetDisablesTheLibrary) {
   FakeEnv env;
   const Config config = env.Parse().value();
@@ -101,7 +142,7 @@ TEST(ParseConfigTest, EveryVariableIsReadExactlyOnce) {
   FakeEnv env = {{kEnvRate, "1m"}};
   ASSERT_TRUE(env.Parse().ok());
   std::map<std::string, int> want;
-  for (const char* name : kEnvNames) want[name] = 1;
+  for (const char* name : VariableNames()) want[name] = 1;
   EXPECT_EQ(env.lookups(), want);
 }
 
@@ -178,7 +219,7 @@ TEST(ParseConfigTest, EachBadVariableIsNamed) {
 }
 
 TEST(ParseConfigTest, EachEmptyVariableIsAnError) {
-  for (const char* name : kEnvNames) {
+  for (const char* name : VariableNames()) {
     FakeEnv env = {{kEnvRate, "1m"}};
     env.Set(name, "");
     const absl::Status status = env.Parse().status();

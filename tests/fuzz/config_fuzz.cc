@@ -38,6 +38,13 @@ namespace trafficrate {
 namespace fuzz {
 namespace {
 
+// The names of Variables(), in their order.
+std::vector<const char*> VariableNames() {
+  std::vector<const char*> names;
+  for (const Variable& variable : Variables()) names.push_back(variable.name);
+  return names;
+}
+
 enum Parser : uint8_t {
   kRate,
   kZoneSize,
@@ -215,13 +222,13 @@ void CheckDurationAnyRange(absl::string_view value) {
   TRAFFICRATE_FUZZ_CHECK(*ns >= a && *ns <= b);
 }
 
-// The value holds the variables in kEnvNames order, separated by '\x01';
-// an empty field is unset, "\x02" alone is set but empty.
+// The value holds the variables in the order of Variables(), separated by
+// '\x01'; an empty field is unset, "\x02" alone is set but empty.
 void CheckConfig(absl::string_view value) {
   std::vector<std::string> fields = absl::StrSplit(value, '\x01');
   std::map<std::string, std::string> env;
   int next = 0;
-  for (const char* name : kEnvNames) {
+  for (const char* name : VariableNames()) {
     if (next >= static_cast<int>(fields.size())) break;
     std::string& field = fields[next++];
     if (field.empty()) continue;
@@ -236,10 +243,10 @@ void CheckConfig(absl::string_view value) {
         auto it = env.find(name);
         return it == env.end() ? nullptr : it->second.c_str();
       });
-  TRAFFICRATE_FUZZ_CHECK(lookups <= static_cast<int>(std::size(kEnvNames)));
+  TRAFFICRATE_FUZZ_CHECK(lookups <= static_cast<int>(Variables().size()));
   if (!config.ok()) {
     bool named = false;
-    for (const char* name : kEnvNames) {
+    for (const char* name : VariableNames()) {
       if (absl::StartsWith(config.status().message(),
                            absl::StrCat(name, ": "))) {
         CheckError(config.status(), name);
@@ -256,7 +263,7 @@ void CheckConfig(absl::string_view value) {
     TRAFFICRATE_FUZZ_CHECK(named);
     return;
   }
-  TRAFFICRATE_FUZZ_CHECK(lookups == static_cast<int>(std::size(kEnvNames)));
+  TRAFFICRATE_FUZZ_CHECK(lookups == static_cast<int>(Variables().size()));
   TRAFFICRATE_FUZZ_CHECK(config->enabled == (env.count(kEnvRate) == 1));
   TRAFFICRATE_FUZZ_CHECK(config->zone_size_bytes >= kMinZoneSize &&
                          config->zone_size_bytes <= kMaxZoneSize);
