@@ -1,4 +1,5 @@
-// Monotonic time in nanoseconds, the one clock the core and the library use.
+// Monotonic time in nanoseconds, the one clock the core and the library use,
+// and the Clock through which the parts that wait are given it.
 
 #ifndef TRAFFICRATE_SRC_BASE_CLOCK_H_
 #define TRAFFICRATE_SRC_BASE_CLOCK_H_
@@ -46,6 +47,22 @@ inline void SleepNs(int64_t ns) {
                     static_cast<long>(ns % kNsPerSec)};
   nanosleep(&ts, nullptr);
 }
+
+// Time for the parts that wait (the watcher's loop): the real clock, or a
+// test's that moves only when it is told to or slept on, so that a loop's
+// timing is tested without sleeping.
+class Clock {
+ public:
+  virtual int64_t NowNs() const = 0;
+  // Sleeps for ns (nothing when ns <= 0).
+  virtual void SleepNs(int64_t ns) const = 0;
+
+ protected:
+  ~Clock() = default;
+};
+
+// CLOCK_MONOTONIC (MonotonicNowNs) and nanosleep (SleepNs).
+const Clock& MonotonicClock();
 
 }  // namespace trafficrate
 

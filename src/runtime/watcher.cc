@@ -8,7 +8,6 @@
 
 #include "src/base/clock.h"
 #include "src/base/library_thread.h"
-#include "src/budget/budget.h"
 
 namespace trafficrate {
 namespace {
@@ -32,6 +31,19 @@ int32_t PidInProc() {
   }
   return static_cast<int32_t>(getpid());
 }
+
+// The zone's change word, as the loop waits on it.
+class ZoneChanges final : public ChangeSignal {
+ public:
+  explicit ZoneChanges(Zone* zone) : zone_(zone) {}
+  uint32_t Word() const override { return zone_->ChangeWord(); }
+  void Wait(uint32_t seen, int64_t timeout_ns) const override {
+    zone_->WaitForChange(seen, timeout_ns);
+  }
+
+ private:
+  Zone* const zone_;
+};
 
 }  // namespace
 
@@ -125,55 +137,16 @@ void Watcher::Run() {
   // returns must find the change word moved, or the push is lost (the
   // process's first connections would keep their old share until they send
   // again).
-  uint32_t seen = zone_->ChangeWord();
+  const ZoneChanges changes(zone_);
+  const uint32_t seen = changes.Word();
   if (!Claim()) return;
-  int64_t idle_tick = timing_.idle_ns / 4;
-  if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
-  if (idle_tick > 100 * kNsPerMs) idle_tick = 100 * kNsPerMs;
-  int64_t now = MonotonicNowNs();
-  int64_t next_idle = now + idle_tick;
-  int64_t next_reap = now;
-  int64_t next_budget = now + kBudgetTickNs;
-  int64_t last_scan = 0;
+  WatcherLoop loop(duties_, timing_, MonotonicClock(), changes, seen);
   while (!stop_.load(std::memory_order_acquire)) {
-    now = MonotonicNowNs();
-    if (!duties_->CheckZone(now)) {
+    if (!loop.Pass()) {
       // Corrupt: the process passes through; nothing to do but wait for
       // the end, without touching the zone.
       while (!stop_.load(std::memory_order_acquire)) SleepNs(kNsPerSec / 10);
       break;
-    }
-    int64_t until = next_idle < next_reap ? next_idle : next_reap;
-    const bool budget = duties_->BudgetWanted();
-    // Budget mode wakes every tick anyway: the idle and reap passes ride on
-    // the tick nearest their time instead of waking the thread themselves.
-    const int64_t slack = budget ? kBudgetTickNs / 2 : 0;
-    if (budget) until = next_budget;
-    zone_->WaitForChange(seen, until - now);
-    now = MonotonicNowNs();
-    duties_->NoteWatcherLate(now - until, now);
-    if (zone_->ChangeWord() != seen) {
-      // Coalesce a burst of joins into one scan per coalesce_ns.
-      SleepNs(last_scan + timing_.coalesce_ns - now);
-      seen = zone_->ChangeWord();
-      duties_->ApplyChangedShares();
-      last_scan = MonotonicNowNs();
-      // A join or leave: its connections are due at the next tick.
-      if (next_budget > now + kBudgetTickNs) next_budget = now + kBudgetTickNs;
-    }
-    if (budget && now >= next_budget) {
-      next_budget = duties_->TickBudget(now);
-    } else if (!budget) {
-      duties_->FinishDrains(now);
-      next_budget = now + kBudgetTickNs;
-    }
-    if (now + slack >= next_idle) {
-      duties_->ExpireIdle(now);
-      next_idle = now + idle_tick;
-    }
-    if (now + slack >= next_reap) {
-      duties_->ReapDead();
-      next_reap = now + timing_.reap_interval_ns;
     }
   }
   // Give up the liveness token: to the zone, this process is now dead.

@@ -9,10 +9,11 @@
 //   Watcher watcher(&governor, &zone, &logger, options);
 //   uint32_t proc = watcher.EnsureStarted();  // at the first governed accept
 //
-// The duties themselves are the Governor's (WatcherDuties); the watcher
-// only says when. Ownership: duties, zone and logger must outlive the
-// Watcher. Thread safety: every public function may be called from any
-// thread.
+// The duties themselves are the Governor's (WatcherDuties), and when each
+// runs is the WatcherLoop's (watcher_loop.h): the watcher is the thread that
+// runs the loop, with its slot in the zone. Ownership: duties, zone and logger
+// must outlive the Watcher. Thread safety: every public function may be called
+// from any thread.
 
 #ifndef TRAFFICRATE_SRC_RUNTIME_WATCHER_H_
 #define TRAFFICRATE_SRC_RUNTIME_WATCHER_H_
@@ -23,37 +24,10 @@
 #include <cstdint>
 
 #include "src/base/log.h"
+#include "src/runtime/watcher_loop.h"
 #include "src/shm/zone.h"
 
 namespace trafficrate {
-
-// What the watcher's loop runs, each at its time (the Governor does them).
-// Called from the watcher thread only, one at a time.
-class WatcherDuties {
- public:
-  virtual ~WatcherDuties() = default;
-  // Once per loop; false once the zone is corrupt (nothing more to do).
-  virtual bool CheckZone(int64_t now_ns) = 0;
-  // Budget mode: TickBudget at the times it returns; otherwise FinishDrains
-  // every tick.
-  virtual bool BudgetWanted() const = 0;
-  virtual int64_t TickBudget(int64_t now_ns) = 0;
-  virtual void FinishDrains(int64_t now_ns) = 0;
-  // After a join or leave anywhere in the zone (the change word moved).
-  virtual void ApplyChangedShares() = 0;
-  // Every quarter of TRAFFICRATE_IDLE (1 to 100 ms).
-  virtual void ExpireIdle(int64_t now_ns) = 0;
-  // Every reap interval.
-  virtual void ReapDead() = 0;
-  // After every wait: how late it woke.
-  virtual void NoteWatcherLate(int64_t late_ns, int64_t now_ns) = 0;
-};
-
-struct WatcherTiming {
-  int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
-  int64_t coalesce_ns = 2'000'000;  // minimum gap between share scans
-  int64_t reap_interval_ns = 250'000'000;
-};
 
 class Watcher {
  public:
