@@ -91,28 +91,28 @@ bool Watcher::Claim() {
   // The zone lock may be held for long (its holder stopped): wait for it in
   // bounded steps, for as long as the process wants the watcher.
   for (;;) {
-    if (stop_.load(std::memory_order_acquire) || zone_->corrupt()) {
+    if (stop_.load(std::memory_order_acquire) || zone_->segment().corrupt()) {
       state_.store(kFailed, std::memory_order_release);
       return false;
     }
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (lock.ok()) {
-      me = zone_->ClaimProcLocked(proc_pid, MonotonicNowNs(), &liveness_,
-                                  &reaped);
+      me = zone_->procs().ClaimLocked(proc_pid, MonotonicNowNs(), &liveness_,
+                                      &reaped);
       break;
     }
     if (zone_->lock_stalled() && !zone_->RecheckLock()) {
       SleepNs(kWatcherLockWaitNs);
     }
   }
-  if (reaped > 0) zone_->WakeWatchers();
+  if (reaped > 0) zone_->changes().WakeWatchers();
   if (me == kNoSlot) {
     state_.store(kFailed, std::memory_order_release);
     logger_->Error(
         "zone %s has no free process slot (%u); connections of "
         "process %d pass through unpaced; raise "
         "TRAFFICRATE_ZONE_SIZE",
-        zone_->name().c_str(), zone_->proc_capacity(), proc_pid);
+        zone_->name().c_str(), zone_->procs().capacity(), proc_pid);
     return false;
   }
   proc_.store(me, std::memory_order_release);
@@ -125,7 +125,7 @@ void Watcher::Run() {
   // returns must find the change word moved, or the push is lost (the
   // process's first connections would keep their old share until they send
   // again).
-  uint32_t seen = zone_->ChangeWord();
+  uint32_t seen = zone_->changes().Current();
   if (!Claim()) return;
   int64_t idle_tick = timing_.idle_ns / 4;
   if (idle_tick < kNsPerMs) idle_tick = kNsPerMs;
@@ -149,13 +149,13 @@ void Watcher::Run() {
     // the tick nearest their time instead of waking the thread themselves.
     const int64_t slack = budget ? kBudgetTickNs / 2 : 0;
     if (budget) until = next_budget;
-    zone_->WaitForChange(seen, until - now);
+    zone_->changes().WaitForChange(seen, until - now);
     now = MonotonicNowNs();
     duties_->NoteWatcherLate(now - until, now);
-    if (zone_->ChangeWord() != seen) {
+    if (zone_->changes().Current() != seen) {
       // Coalesce a burst of joins into one scan per coalesce_ns.
       SleepNs(last_scan + timing_.coalesce_ns - now);
-      seen = zone_->ChangeWord();
+      seen = zone_->changes().Current();
       duties_->ApplyChangedShares();
       last_scan = MonotonicNowNs();
       // A join or leave: its connections are due at the next tick.
@@ -183,7 +183,7 @@ void Watcher::Run() {
 void Watcher::Stop() {
   if (state_.load(std::memory_order_acquire) != kRunning) return;
   stop_.store(true, std::memory_order_release);
-  zone_->WakeWatchers();
+  zone_->changes().WakeWatchers();
   pthread_join(thread_, nullptr);
   proc_.store(kNoSlot, std::memory_order_release);
   state_.store(kNotStarted, std::memory_order_release);
