@@ -135,7 +135,7 @@ void Initialize() {
         notes.legacy_path.c_str(), config->zone_name.c_str(),
         (*zone)->path().c_str(), notes.legacy_path.c_str());
   }
-  (*zone)->SetShare(config->share, config->burst_bytes);
+  (*zone)->settings().SetShare(config->share, config->burst_bytes);
   FdTable* table = FdTable::Create(FdTableCapacity());
   if (table == nullptr) {
     return Fail(g_logger,

@@ -185,7 +185,7 @@ bool ZoneName(const char* command, const ParsedArgs& args, std::string* zone,
   const std::string value =
       args.Get("--zone", env != nullptr && *env != '\0' ? env : "default");
   if (absl::StartsWith(value, "/")) {
-    *zone = value;  // a zone file's path (Zone::Locate)
+    *zone = value;  // a zone file's path (ZoneSegment::Locate)
     return true;
   }
   absl::StatusOr<std::string> parsed = ParseZoneName(value);

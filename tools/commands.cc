@@ -220,11 +220,13 @@ std::string ZoneInWords(const Config& config) {
   }
   const ZoneHeaderShm& h = (*zone)->header();
   if (h.zone_size != config.zone_size_bytes ||
-      DescribeKeySpec((*zone)->key_spec()) != DescribeKeySpec(config.key)) {
+      DescribeKeySpec((*zone)->settings().key_spec()) !=
+          DescribeKeySpec(config.key)) {
     return absl::StrFormat(
         "%s; WARNING: the existing zone has size %s and key %s, so a server "
         "with this configuration would run unpaced",
-        text, HumanBytes(h.zone_size), DescribeKeySpec((*zone)->key_spec()));
+        text, HumanBytes(h.zone_size),
+        DescribeKeySpec((*zone)->settings().key_spec()));
   }
   return absl::StrFormat("%s; exists, rate now %s", text,
                          HumanRate(h.rate_bytes_per_sec.load()));
@@ -429,12 +431,13 @@ int SetCommand(const std::vector<std::string>& raw) {
   // The rules in use: rule 0 always, the others while they have a rate.
   std::vector<std::string> names;
   for (uint32_t r = 0; r < kZoneRules; ++r) {
-    if (r == 0 || zone->RuleRate(r) != 0) names.push_back(zone->RuleName(r));
+    if (r == 0 || zone->settings().RuleRate(r) != 0)
+      names.push_back(zone->settings().RuleName(r));
   }
   const bool has_rules = names.size() > 1 || names[0] != "default";
   uint32_t rule = 0;
   if (args.Has("--rule")) {
-    rule = zone->FindRule(args.Get("--rule", ""));
+    rule = zone->settings().FindRule(args.Get("--rule", ""));
     if (rule == kNoSlot) {
       return Failure(absl::StrFormat(
           "set: zone %s has no rule \"%s\"; its "
@@ -447,14 +450,16 @@ int SetCommand(const std::vector<std::string>& raw) {
                                "NAME",
                                zone->name(), absl::StrJoin(names, ", ")));
   }
-  const uint64_t old = zone->RuleRate(rule);
-  zone->SetRuleRate(rule, *rate);
+  const uint64_t old = zone->settings().RuleRate(rule);
+  zone->settings().SetRuleRate(rule, *rate);
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   std::printf(
       "zone %s%s: rate %s (%llu B/s) -> %s (%llu B/s), applied by %zu "
       "server processes\n",
       zone->name().c_str(),
-      has_rules ? absl::StrCat(", rule ", zone->RuleName(rule)).c_str() : "",
+      has_rules
+          ? absl::StrCat(", rule ", zone->settings().RuleName(rule)).c_str()
+          : "",
       HumanRate(old).c_str(), static_cast<unsigned long long>(old),
       HumanRate(*rate).c_str(), static_cast<unsigned long long>(*rate),
       snap.ok() ? LiveProcesses(*snap) : 0);
@@ -471,10 +476,10 @@ constexpr int64_t kReloadWaitNs = 2 * kNsPerSec;
 int ReportReload(const Zone& zone, const std::vector<uint32_t>& procs,
                  uint32_t generation, const std::string& config) {
   const auto answered = [&](uint32_t i) {
-    const ProcSlotShm& p = zone.proc(i);
+    const ProcSlotShm& p = zone.procs().slot(i);
     return p.rules_seen.load(std::memory_order_acquire) == generation ||
            p.state.load(std::memory_order_acquire) != kProcLive ||
-           Zone::ProcMaybeDead(p);
+           ProcTable::MaybeDead(p);
   };
   const int64_t deadline = MonotonicNowNs() + kReloadWaitNs;
   while (MonotonicNowNs() < deadline &&
@@ -487,11 +492,11 @@ int ReportReload(const Zone& zone, const std::vector<uint32_t>& procs,
   size_t ok = 0;
   std::vector<std::string> problems;
   for (const uint32_t i : procs) {
-    const ProcSlotShm& p = zone.proc(i);
+    const ProcSlotShm& p = zone.procs().slot(i);
     const int32_t pid = p.pid.load(std::memory_order_relaxed);
     const std::string user = DescribeUser(p.uid.load());
     if (p.state.load(std::memory_order_acquire) != kProcLive ||
-        Zone::ProcMaybeDead(p)) {
+        ProcTable::MaybeDead(p)) {
       continue;  // exited meanwhile
     }
     if (p.rules_seen.load(std::memory_order_acquire) != generation) {
@@ -568,10 +573,10 @@ int ReloadCommand(const std::vector<std::string>& raw) {
   if (!OpenZone("reload", args, &zone, &rc)) return rc;
   // The live processes now: each one's watcher answers in its slot.
   std::vector<uint32_t> procs;
-  for (uint32_t i = 0; i < zone->proc_capacity(); ++i) {
-    const ProcSlotShm& p = zone->proc(i);
+  for (uint32_t i = 0; i < zone->procs().capacity(); ++i) {
+    const ProcSlotShm& p = zone->procs().slot(i);
     if (p.state.load(std::memory_order_acquire) == kProcLive &&
-        !Zone::ProcMaybeDead(p)) {
+        !ProcTable::MaybeDead(p)) {
       procs.push_back(i);
     }
   }
@@ -583,7 +588,7 @@ int ReloadCommand(const std::vector<std::string>& raw) {
   const uint32_t generation =
       zone->header().rules_generation.fetch_add(1, std::memory_order_acq_rel) +
       1;
-  zone->WakeWatchers();
+  zone->changes().WakeWatchers();
   return ReportReload(*zone, procs, generation, args.Get("--config", ""));
 }
 
@@ -607,9 +612,9 @@ namespace {
 // rm of a zone that could not be read (corrupt, or of another layout):
 // "removed <what> NAME (PATH); <after>".
 int UnlinkUnread(const std::string& name, const char* what, const char* after) {
-  absl::StatusOr<std::string> path = Zone::Locate(name);
+  absl::StatusOr<std::string> path = ZoneSegment::Locate(name);
   const absl::Status removed =
-      path.ok() ? Zone::UnlinkPath(*path) : path.status();
+      path.ok() ? ZoneSegment::UnlinkPath(*path) : path.status();
   if (!removed.ok()) return Failure(absl::StrCat("rm: ", removed.message()));
   std::printf("removed %s %s (%s); %s\n", what, name.c_str(), path->c_str(),
               after);
@@ -628,14 +633,14 @@ int RmCommand(const std::vector<std::string>& raw) {
     return rc;
   }
   absl::StatusOr<std::unique_ptr<Zone>> attached = Zone::Attach(name);
-  if (!attached.ok() && Zone::IsCorruptZone(attached.status())) {
+  if (!attached.ok() && ZoneSegment::IsCorruptZone(attached.status())) {
     // Nothing in it can be trusted, not even its process table: the
     // processes using it pass through already.
     return UnlinkUnread(name, "corrupt zone",
                         "servers still using it pass through unpaced until "
                         "they restart");
   }
-  if (!attached.ok() && Zone::IsOtherLayout(attached.status())) {
+  if (!attached.ok() && ZoneSegment::IsOtherLayout(attached.status())) {
     // Its process table cannot be read: only the operator knows whether the
     // servers of the other version have stopped (an upgrade).
     if (!args.Has("--force")) {
@@ -662,7 +667,7 @@ int RmCommand(const std::vector<std::string>& raw) {
         "first, or use --force",
         zone->name(), pids.size(), absl::StrJoin(pids, ", ")));
   }
-  const absl::Status removed = Zone::UnlinkPath(zone->path());
+  const absl::Status removed = ZoneSegment::UnlinkPath(zone->path());
   if (!removed.ok()) {
     return Failure(absl::StrCat("rm: ", removed.message()));
   }

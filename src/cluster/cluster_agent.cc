@@ -59,14 +59,15 @@ ClusterAgent::~ClusterAgent() {
 }
 
 void ClusterAgent::Poll(uint32_t proc, int64_t now_ns) {
-  if (running_.load(std::memory_order_acquire) || zone_->corrupt()) return;
+  if (running_.load(std::memory_order_acquire) || zone_->segment().corrupt())
+    return;
   // A thread that ended (lost the lease) has been joined by nobody.
   if (proc_.load(std::memory_order_relaxed) != kNoSlot) {
     pthread_join(thread_, nullptr);
     proc_.store(kNoSlot, std::memory_order_relaxed);
   }
   FreeLeaseOfDeadHolder(proc);
-  if (!TryTakeLeaseWord(zone_->cluster().lease, proc, now_ns,
+  if (!TryTakeLeaseWord(zone_->settings().cluster().lease, proc, now_ns,
                         options_.lease_ms)) {
     return;
   }
@@ -96,11 +97,13 @@ void ClusterAgent::FreeLeaseOfDeadHolder(uint32_t proc) {
   // the next poll would leave this host's figures in Redis unrenewed for
   // longer than they live (ttl_ms): the other hosts would count it gone
   // and take its part for a tick or two.
-  std::atomic<uint64_t>& lease = zone_->cluster().lease;
+  std::atomic<uint64_t>& lease = zone_->settings().cluster().lease;
   uint64_t seen = lease.load(std::memory_order_acquire);
   const uint64_t owner = seen >> 48;
-  if (owner == 0 || owner - 1 == proc || owner - 1 >= zone_->proc_capacity() ||
-      !Zone::ProcMaybeDead(zone_->proc(static_cast<uint32_t>(owner - 1)))) {
+  if (owner == 0 || owner - 1 == proc ||
+      owner - 1 >= zone_->procs().capacity() ||
+      !ProcTable::MaybeDead(
+          zone_->procs().slot(static_cast<uint32_t>(owner - 1)))) {
     return;
   }
   // Lost to a renewal or another taker: the lease is theirs.
@@ -143,7 +146,7 @@ void ClusterAgent::Run() {
 }
 
 void ClusterAgent::PublishIdentity() {
-  ClusterShm& c = zone_->cluster();
+  ClusterShm& c = zone_->settings().cluster();
   WriteText(c.url, DescribeClusterUrl(options_.url));
   WriteText(c.name, options_.name);
   WriteText(c.host, options_.host_id);
@@ -154,7 +157,7 @@ void ClusterAgent::PublishIdentity() {
 }
 
 bool ClusterAgent::PassForTesting(uint32_t proc, int64_t now_ns) {
-  if (!TryTakeLeaseWord(zone_->cluster().lease, proc, now_ns,
+  if (!TryTakeLeaseWord(zone_->settings().cluster().lease, proc, now_ns,
                         options_.lease_ms)) {
     return false;
   }
@@ -163,12 +166,13 @@ bool ClusterAgent::PassForTesting(uint32_t proc, int64_t now_ns) {
         options_.url, options_.name, options_.host_id, options_.ttl_ms);
     PublishIdentity();
   }
-  if (last_share_.size() != zone_->key_capacity()) {
-    last_share_.assign(zone_->key_capacity(), 0.0);
-    applied_.assign(zone_->key_capacity(), 0);
+  if (last_share_.size() != zone_->keys().capacity()) {
+    last_share_.assign(zone_->keys().capacity(), 0.0);
+    applied_.assign(zone_->keys().capacity(), 0);
   }
   Pass(now_ns);
-  zone_->cluster().beat_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
+  zone_->settings().cluster().beat_ns.store(MonotonicNowNs(),
+                                            std::memory_order_relaxed);
   return true;
 }
 
@@ -176,10 +180,10 @@ void ClusterAgent::Pass(int64_t now_ns) {
   // This host's keys with sending connections.
   std::vector<KeyFigures> mine;
   std::vector<uint32_t> slots;
-  const bool budget = zone_->share_mode() == ShareMode::kBudget;
+  const bool budget = zone_->settings().share_mode() == ShareMode::kBudget;
   bool moved = false;
-  for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
-    KeySlotShm& key = zone_->key(k);
+  for (uint32_t k = 0; k < zone_->keys().capacity(); ++k) {
+    KeySlotShm& key = zone_->keys().slot(k);
     if (key.in_use.load(std::memory_order_acquire) != 1) {
       if (key.cluster_share.load(std::memory_order_relaxed) != 0) {
         key.cluster_share.store(0, std::memory_order_relaxed);
@@ -188,7 +192,7 @@ void ClusterAgent::Pass(int64_t now_ns) {
       continue;
     }
     const uint32_t active = key.active.load(std::memory_order_relaxed);
-    if (active == 0 || active > zone_->conn_capacity()) {
+    if (active == 0 || active > zone_->conns().capacity()) {
       const int64_t last = key.last_active_ns.load(std::memory_order_relaxed);
       if (key.cluster_share.load(std::memory_order_relaxed) != 0 &&
           ElapsedNs(now_ns, last) > kForgetShareNs) {
@@ -212,7 +216,7 @@ void ClusterAgent::Pass(int64_t now_ns) {
     mine.push_back(std::move(f));
     slots.push_back(k);
   }
-  ClusterShm& c = zone_->cluster();
+  ClusterShm& c = zone_->settings().cluster();
   const int64_t start = MonotonicNowNs();
   absl::StatusOr<std::vector<PeerFigures>> peers =
       exchange_->Exchange(mine, absl::Nanoseconds(options_.timeout_ns));
@@ -225,7 +229,7 @@ void ClusterAgent::Pass(int64_t now_ns) {
   const int64_t rtt_ns = MonotonicNowNs() - start;
   if (!peers.ok()) {
     Fallback(now_ns, peers.status());
-    if (moved) zone_->WakeWatchers();
+    if (moved) zone_->changes().WakeWatchers();
     return;
   }
   if (fell_back_) {
@@ -270,8 +274,9 @@ void ClusterAgent::Pass(int64_t now_ns) {
     }
   }
   for (size_t i = 0; i < mine.size(); ++i) {
-    KeySlotShm& key = zone_->key(slots[i]);
-    const uint64_t rate = zone_->RuleRate(zone_->RuleOf(key));
+    KeySlotShm& key = zone_->keys().slot(slots[i]);
+    const uint64_t rate =
+        zone_->settings().RuleRate(zone_->settings().RuleOf(key));
     uint32_t total = 0;
     for (const HostDemand& h : hosts[i]) total += h.connections;
     key.cluster_active.store(total, std::memory_order_relaxed);
@@ -283,7 +288,7 @@ void ClusterAgent::Pass(int64_t now_ns) {
     moved |= StoreShare(slots[i],
                         std::clamp<uint64_t>(std::llround(share), 1, rate));
   }
-  if (moved) zone_->WakeWatchers();
+  if (moved) zone_->changes().WakeWatchers();
 }
 
 std::string ClusterAgent::FleetKeyName(const KeySlotShm& key) const {
@@ -296,13 +301,13 @@ std::string ClusterAgent::FleetKeyName(const KeySlotShm& key) const {
         static_cast<char>(__atomic_load_n(&key.key[i], __ATOMIC_RELAXED));
   }
   material[kKeyRuleByte] = 0;
-  material += zone_->RuleName(zone_->RuleOf(key));
+  material += zone_->settings().RuleName(zone_->settings().RuleOf(key));
   return ClusterKeyName(options_.name, material.data(), material.size(),
                         options_.secret);
 }
 
 void ClusterAgent::Fallback(int64_t now_ns, const absl::Status& why) {
-  ClusterShm& c = zone_->cluster();
+  ClusterShm& c = zone_->settings().cluster();
   c.failures.fetch_add(1, std::memory_order_relaxed);
   if (!fell_back_) {
     fell_back_ = true;
@@ -319,13 +324,14 @@ void ClusterAgent::Fallback(int64_t now_ns, const absl::Status& why) {
   const int64_t since =
       last_success_ns_ != 0 ? now_ns - last_success_ns_ : options_.decay_ns;
   bool moved = false;
-  for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
-    KeySlotShm& key = zone_->key(k);
+  for (uint32_t k = 0; k < zone_->keys().capacity(); ++k) {
+    KeySlotShm& key = zone_->keys().slot(k);
     if (last_share_[k] == 0 ||
         key.in_use.load(std::memory_order_relaxed) != 1) {
       continue;
     }
-    const uint64_t rate = zone_->RuleRate(zone_->RuleOf(key));
+    const uint64_t rate =
+        zone_->settings().RuleRate(zone_->settings().RuleOf(key));
     if (rate == 0) continue;
     const double share = FallbackShare(
         last_share_[k], static_cast<double>(rate), since, options_.decay_ns);
@@ -336,11 +342,11 @@ void ClusterAgent::Fallback(int64_t now_ns, const absl::Status& why) {
     }
     moved |= StoreShare(k, std::clamp<uint64_t>(std::llround(share), 1, rate));
   }
-  if (moved) zone_->WakeWatchers();
+  if (moved) zone_->changes().WakeWatchers();
 }
 
 bool ClusterAgent::StoreShare(uint32_t k, uint64_t share) {
-  KeySlotShm& key = zone_->key(k);
+  KeySlotShm& key = zone_->keys().slot(k);
   key.cluster_share.store(share, std::memory_order_relaxed);
   if (!ShareMoved(applied_[k], share)) return false;
   applied_[k] = share;

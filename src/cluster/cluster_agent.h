@@ -16,7 +16,7 @@
 //     other hosts' figures;
 //   * writes each key's budget on this host, its weighted max-min share of
 //     the rule's rate given every host's figures (MaxMinShares), into the
-//     key's slot (cluster_share; Zone::KeyRate reads it), and wakes the
+//     key's slot (cluster_share; ZoneSettings::KeyRate reads it), and wakes the
 //     watchers when a share moved, so that every connection is re-paced.
 // Nothing of this is on the hot path: the host's calls read the shares from
 // the zone, never wait for Redis.

@@ -161,8 +161,8 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       options_(options),
       watcher_(this, zone, logger, options),
       pid_(static_cast<int32_t>(getpid())) {
-  local_ = MapPrivateArray<LocalConn>(zone_->conn_capacity());
-  key_local_ = MapPrivateArray<LocalKey>(zone_->key_capacity());
+  local_ = MapPrivateArray<LocalConn>(zone_->conns().capacity());
+  key_local_ = MapPrivateArray<LocalKey>(zone_->keys().capacity());
   if (options_.shape) copy_buffers_ = CopyBuffers::Create();
   rules_generation_seen_.store(
       zone_->header().rules_generation.load(std::memory_order_acquire),
@@ -184,8 +184,8 @@ Governor::~Governor() {
   delete rule_table_.exchange(nullptr);
   FreeRetiredRuleTables(/*force=*/true);
   ReleaseKeptDrains();
-  UnmapPrivateArray(local_, zone_->conn_capacity());
-  UnmapPrivateArray(key_local_, zone_->key_capacity());
+  UnmapPrivateArray(local_, zone_->conns().capacity());
+  UnmapPrivateArray(key_local_, zone_->keys().capacity());
   delete copy_buffers_;
 }
 
@@ -194,7 +194,7 @@ int64_t Governor::LastSendNs(int fd) const {
   const uint64_t state =
       entry != nullptr ? entry->state.load(std::memory_order_acquire) : 0;
   if (state == 0 || local_ == nullptr ||
-      StateConn(state) >= zone_->conn_capacity()) {
+      StateConn(state) >= zone_->conns().capacity()) {
     return 0;
   }
   return local_[StateConn(state)].last_send_ns.load(std::memory_order_relaxed);
@@ -205,13 +205,14 @@ bool Governor::SiblingsSendingLocked(const ConnSlotShm& conn) const {
   // client with a single connection (the common case under connection
   // churn) joins and leaves without waking any watcher.
   const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-  if (key >= zone_->key_capacity()) return false;
+  if (key >= zone_->keys().capacity()) return false;
   const uint32_t others = conn.active.load(std::memory_order_relaxed) ? 1 : 0;
-  return zone_->key(key).active.load(std::memory_order_relaxed) > others;
+  return zone_->keys().slot(key).active.load(std::memory_order_relaxed) >
+         others;
 }
 
 bool Governor::ConnValid(const ConnSlotShm& conn, uint64_t state) const {
-  return Zone::CookieOf(conn.seq.load(std::memory_order_acquire)) ==
+  return ConnTable::CookieOf(conn.seq.load(std::memory_order_acquire)) ==
          StateCookie(state);
 }
 
@@ -275,7 +276,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
 void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
                         const uint8_t peer16[16], uint16_t peer_port,
                         uint64_t expected, bool inherited) {
-  if (zone_->corrupt()) return;
+  if (zone_->segment().corrupt()) return;
   const uint32_t proc = EnsureProc();
   if (proc == kNoSlot) {
     // The watcher is still starting (it waits for the zone lock): it
@@ -293,20 +294,20 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
       MarkPending(fd, entry, &key);
       return;
     }
-    const uint32_t k = zone_->FindOrInsertKeyLocked(key.bytes, now);
+    const uint32_t k = zone_->keys().FindOrInsertLocked(key.bytes, now);
     if (k != kNoSlot && inherited) {
-      conn = zone_->FindConnLocked(k, peer16, peer_port);
+      conn = zone_->conns().FindLocked(k, peer16, peer_port);
     }
     if (k != kNoSlot && conn != kNoSlot) {
-      cookie =
-          Zone::CookieOf(zone_->conn(conn).seq.load(std::memory_order_relaxed));
+      cookie = ConnTable::CookieOf(
+          zone_->conns().slot(conn).seq.load(std::memory_order_relaxed));
     } else if (k != kNoSlot) {
-      conn = zone_->RegisterConnLocked(k, proc, fd, peer16, peer_port);
+      conn = zone_->conns().RegisterLocked(k, proc, fd, peer16, peer_port);
       if (conn == kNoSlot) {
-        zone_->ReleaseKeyIfUnusedLocked(k);
+        zone_->keys().ReleaseIfUnusedLocked(k);
       } else {
-        cookie = Zone::CookieOf(
-            zone_->conn(conn).seq.load(std::memory_order_relaxed));
+        cookie = ConnTable::CookieOf(
+            zone_->conns().slot(conn).seq.load(std::memory_order_relaxed));
       }
     }
   }
@@ -316,7 +317,8 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
           "zone %s is full (%u keys, %u connections); new "
           "connections pass through unpaced; raise "
           "TRAFFICRATE_ZONE_SIZE",
-          zone_->name().c_str(), zone_->key_capacity(), zone_->conn_capacity());
+          zone_->name().c_str(), zone_->keys().capacity(),
+          zone_->conns().capacity());
     }
     return;
   }
@@ -348,7 +350,7 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   // first pieces; one that sends TRAFFICRATE_AFTER bytes unpaced first has
   // used them by the time it is paced.
   local_[conn].first_left.store(
-      fresh && AfterBytes(zone_->conn(conn)) == 0 ? kFirstPieces : 0,
+      fresh && AfterBytes(zone_->conns().slot(conn)) == 0 ? kFirstPieces : 0,
       std::memory_order_relaxed);
   if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
                                            std::memory_order_acq_rel)) {
@@ -362,12 +364,13 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
 }
 
 void Governor::MarkPending(int fd, FdEntry& entry, const ConnKey* key) {
-  if (zone_->corrupt()) return;
+  if (zone_->segment().corrupt()) return;
   if (key != nullptr) {
     // Until it is registered, at most its rule's rate: never unpaced, never
     // more than the key may have (its siblings are paced already).
-    uint64_t rate = zone_->RuleRate(Zone::RuleOfKeyBytes(key->bytes));
-    if (rate == 0) rate = zone_->RuleRate(0);
+    uint64_t rate =
+        zone_->settings().RuleRate(ZoneSettings::RuleOfKeyBytes(key->bytes));
+    if (rate == 0) rate = zone_->settings().RuleRate(0);
     if (rate != 0) {
       setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate));
     }
@@ -379,8 +382,8 @@ void Governor::MarkPending(int fd, FdEntry& entry, const ConnKey* key) {
 
 void Governor::RegisterPending() {
   if (!pending_maybe_.load(std::memory_order_acquire) ||
-      zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
-      RulesStale()) {
+      zone_->lock_stalled() || zone_->segment().corrupt() ||
+      watcher_.starting() || RulesStale()) {
     return;
   }
   pending_maybe_.store(false, std::memory_order_release);
@@ -410,7 +413,7 @@ void Governor::RegisterPending() {
     FdTable::Unpin(entry);
     if (state == kRegisterPending) {
       pending_maybe_.store(true, std::memory_order_release);  // next loop
-    } else if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
+    } else if (state != 0 && StateConn(state) < zone_->conns().capacity()) {
       // It was sending all along: it joins now, not at its next send,
       // which a full socket may put off for seconds.
       JoinSlow(fd, entry, state);
@@ -421,8 +424,8 @@ void Governor::RegisterPending() {
 void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   // While the lock is still held, or the watcher still starts, no system
   // call: the send goes out unpaced, as it would without the library.
-  if (zone_->lock_stalled() || zone_->corrupt() || watcher_.starting() ||
-      RulesStale()) {
+  if (zone_->lock_stalled() || zone_->segment().corrupt() ||
+      watcher_.starting() || RulesStale()) {
     return;
   }
   uint64_t expected = pending;
@@ -440,7 +443,7 @@ void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   }
   if (pending != kRegisterPending) SettleGroup(fd, entry, pending);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (state != 0 && StateConn(state) < zone_->conn_capacity()) {
+  if (state != 0 && StateConn(state) < zone_->conns().capacity()) {
     JoinSlow(fd, entry, state);
   }
 }
@@ -479,7 +482,7 @@ Shape Governor::BeforeSend(int fd) {
   if (entry == nullptr) return Shape();
   const uint64_t state = entry->state.load(std::memory_order_acquire);
   if (state == 0) return Shape();
-  if (StateConn(state) >= zone_->conn_capacity()) {
+  if (StateConn(state) >= zone_->conns().capacity()) {
     if (IsRegisterPending(state)) RetryRegister(fd, *entry, state);
     return Shape();
   }
@@ -488,7 +491,7 @@ Shape Governor::BeforeSend(int fd) {
   // and it still finds what is queued).
   local_[StateConn(state)].last_send_ns.store(CoarseMonotonicNowNs(),
                                               std::memory_order_relaxed);
-  const ConnSlotShm& conn = zone_->conn(StateConn(state));
+  const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
   if (!ConnValid(conn, state)) {
     Reregister(fd, *entry, state);
   } else if (!conn.active.load(std::memory_order_relaxed) ||
@@ -526,7 +529,7 @@ void Governor::UsedFirstPieces(int fd, uint32_t n) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr || n == 0) return;
   const uint64_t state = entry->state.load(std::memory_order_relaxed);
-  if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+  if (state == 0 || StateConn(state) >= zone_->conns().capacity()) return;
   std::atomic<uint32_t>& left = local_[StateConn(state)].first_left;
   const uint32_t before = left.load(std::memory_order_relaxed);
   left.store(before > n ? before - n : 0, std::memory_order_relaxed);
@@ -534,8 +537,8 @@ void Governor::UsedFirstPieces(int fd, uint32_t n) {
 
 void Governor::CountShaped(const ShapeCounts& counts) {
   const uint32_t proc = watcher_.proc_index();
-  if (proc >= zone_->proc_capacity()) return;
-  ProcSlotShm& slot = zone_->proc(proc);
+  if (proc >= zone_->procs().capacity()) return;
+  ProcSlotShm& slot = zone_->procs().slot(proc);
   slot.shaped_calls.fetch_add(1, std::memory_order_relaxed);
   slot.shaper_syscalls.fetch_add(counts.syscalls, std::memory_order_relaxed);
   slot.shaped_pieces.fetch_add(counts.pieces, std::memory_order_relaxed);
@@ -546,8 +549,9 @@ void Governor::AfterSend(int fd, ssize_t sent) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr) return;
   const uint64_t state = entry->state.load(std::memory_order_relaxed);
-  if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
-  zone_->conn(StateConn(state))
+  if (state == 0 || StateConn(state) >= zone_->conns().capacity()) return;
+  zone_->conns()
+      .slot(StateConn(state))
       .bytes_sent.fetch_add(static_cast<uint64_t>(sent),
                             std::memory_order_relaxed);
 }
@@ -558,8 +562,8 @@ uint64_t Governor::AfterBytes(const ConnSlotShm& conn) const {
   if (table == nullptr) return options_.after_bytes;
   if (table->max_after == 0) return 0;
   const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-  if (key >= zone_->key_capacity()) return 0;
-  const uint32_t rule = zone_->RuleOf(zone_->key(key));
+  if (key >= zone_->keys().capacity()) return 0;
+  const uint32_t rule = zone_->settings().RuleOf(zone_->keys().slot(key));
   return rule < kZoneRules ? table->after_by_rule[rule] : 0;
 }
 
@@ -585,14 +589,15 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
   }
   // At start-up the zone's own rate, key and burst are the first rule's.
   if (at_start && first != nullptr) {
-    zone_->SetRule(0, first->name, 0, 0, first->key);
+    zone_->settings().SetRule(0, first->name, 0, 0, first->key);
   }
   {
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (!lock.ok()) return false;
     for (size_t i = 0; i < rules.size(); ++i) {
       if (rules[i].unlimited) continue;
-      table->slots[i] = zone_->MapRuleLocked(rules[i].name, rules[i].key);
+      table->slots[i] =
+          zone_->settings().MapRuleLocked(rules[i].name, rules[i].key);
     }
   }
   for (size_t i = 0; i < rules.size(); ++i) {
@@ -609,14 +614,15 @@ bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
     }
     if (slot == 0) {
       if (!at_start) {
-        if (zone_->RuleRate(0) != rule.rate_bytes_per_sec) {
-          zone_->SetRate(rule.rate_bytes_per_sec);
+        if (zone_->settings().RuleRate(0) != rule.rate_bytes_per_sec) {
+          zone_->settings().SetRate(rule.rate_bytes_per_sec);
         }
-        zone_->SetShare(zone_->share_mode(), rule.burst_bytes);
+        zone_->settings().SetShare(zone_->settings().share_mode(),
+                                   rule.burst_bytes);
       }
     } else {
-      zone_->SetRule(slot, rule.name, rule.rate_bytes_per_sec, rule.burst_bytes,
-                     rule.key);
+      zone_->settings().SetRule(slot, rule.name, rule.rate_bytes_per_sec,
+                                rule.burst_bytes, rule.key);
     }
     table->after_by_rule[slot] = rule.after_bytes;
     table->max_after = std::max(table->max_after, rule.after_bytes);
@@ -700,7 +706,7 @@ bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
 
 void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
   const uint32_t index = StateConn(state);
-  const ConnSlotShm& conn = zone_->conn(index);
+  const ConnSlotShm& conn = zone_->conns().slot(index);
   uint32_t me = watcher_.proc_index();
   const bool ours = conn.proc_index.load(std::memory_order_relaxed) == me;
   if (!ours && conn.active.load(std::memory_order_relaxed)) {
@@ -727,11 +733,12 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
         !conn.active.load(std::memory_order_relaxed)) {
       // The sender owns it from now on (also before it joins): its watcher
       // paces and expires it, and its close ends the registration.
-      zone_->TransferConnLocked(index, me, fd);
+      zone_->conns().TransferLocked(index, me, fd);
     }
-    push = join && zone_->JoinLocked(index) && SiblingsSendingLocked(conn);
+    push =
+        join && zone_->conns().JoinLocked(index) && SiblingsSendingLocked(conn);
   }
-  if (push) zone_->WakeWatchers();
+  if (push) zone_->changes().WakeWatchers();
   if (join) {
     entry.visit_tick.store(0, std::memory_order_relaxed);
     // Whether it sends under its pace is judged afresh: the time it was
@@ -775,8 +782,8 @@ void Governor::Reregister(int fd, FdEntry& entry, uint64_t state) {
 bool Governor::ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
                               const ConnSlotShm& conn) {
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (k >= zone_->key_capacity()) return false;
-  const KeySlotShm& key = zone_->key(k);
+  if (k >= zone_->keys().capacity()) return false;
+  const KeySlotShm& key = zone_->keys().slot(k);
   if (ShareToken(key) == entry.applied.load(std::memory_order_relaxed)) {
     return false;
   }
@@ -802,7 +809,7 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
     return false;
   }
   if (options_.shape) {
-    const uint32_t index = zone_->ConnIndexOf(conn);
+    const uint32_t index = zone_->conns().IndexOf(conn);
     LocalConn& local = local_[index];
     if (local.mss.load(std::memory_order_relaxed) == 0) {
       // Once per connection (its first pacing, before its first byte): the
@@ -821,7 +828,9 @@ bool Governor::SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate) {
     }
     const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
     const uint64_t key_rate =
-        k < zone_->key_capacity() ? zone_->KeyRate(zone_->key(k)) : 0;
+        k < zone_->keys().capacity()
+            ? zone_->settings().KeyRate(zone_->keys().slot(k))
+            : 0;
     local.piece.store(PieceBytes(rate, VaryIndex(index), key_rate),
                       std::memory_order_relaxed);
   }
@@ -839,13 +848,13 @@ void Governor::Release(uint64_t state) {
   }
   if (state == 0 || local_ == nullptr) return;
   const uint32_t index = StateConn(state);
-  if (index >= zone_->conn_capacity() ||
+  if (index >= zone_->conns().capacity() ||
       !DropLocalRef(index, StateCookie(state))) {
     return;
   }
   // The last fd of this process on that connection. Only its owner ends the
   // registration: an inherited copy closing must not.
-  const ConnSlotShm& conn = zone_->conn(index);
+  const ConnSlotShm& conn = zone_->conns().slot(index);
   const uint32_t me = watcher_.proc_index();
   if (!ConnValid(conn, state) ||
       conn.proc_index.load(std::memory_order_relaxed) != me) {
@@ -860,25 +869,26 @@ void Governor::Release(uint64_t state) {
     }
     if (!ConnValid(conn, state) ||
         conn.proc_index.load(std::memory_order_relaxed) != me ||
-        zone_->HandoffPendingLocked(index, StateCookie(state))) {
+        zone_->handoffs().PendingLocked(index, StateCookie(state))) {
       // Passed to another process and not received yet: its receiver
       // takes the registration over (or ExpireHandoffs ends it).
       return;
     }
     push = DeregisterLocked(index);
   }
-  if (push) zone_->WakeWatchers();
+  if (push) zone_->changes().WakeWatchers();
 }
 
 bool Governor::DeregisterLocked(uint32_t index) {
   const uint32_t key =
-      zone_->conn(index).key_index.load(std::memory_order_relaxed);
-  return zone_->DeregisterConnLocked(index) && key < zone_->key_capacity() &&
-         zone_->key(key).active.load(std::memory_order_relaxed) > 0;
+      zone_->conns().slot(index).key_index.load(std::memory_order_relaxed);
+  return zone_->conns().DeregisterLocked(index) &&
+         key < zone_->keys().capacity() &&
+         zone_->keys().slot(key).active.load(std::memory_order_relaxed) > 0;
 }
 
 void Governor::DeferRelease(uint64_t state) {
-  if (zone_->corrupt()) return;
+  if (zone_->segment().corrupt()) return;
   for (std::atomic<uint64_t>& slot : deferred_) {
     uint64_t empty = 0;
     if (slot.compare_exchange_strong(empty, state, std::memory_order_acq_rel)) {
@@ -903,16 +913,16 @@ void Governor::FinishDeferredReleases() {
       if (state == 0) continue;
       deferred_count_.fetch_sub(1, std::memory_order_relaxed);
       const uint32_t index = StateConn(state);
-      if (index >= zone_->conn_capacity()) continue;
-      const ConnSlotShm& conn = zone_->conn(index);
+      if (index >= zone_->conns().capacity()) continue;
+      const ConnSlotShm& conn = zone_->conns().slot(index);
       if (ConnValid(conn, state) &&
           conn.proc_index.load(std::memory_order_relaxed) == me &&
-          !zone_->HandoffPendingLocked(index, StateCookie(state))) {
+          !zone_->handoffs().PendingLocked(index, StateCookie(state))) {
         push |= DeregisterLocked(index);
       }
     }
   }
-  if (push) zone_->WakeWatchers();
+  if (push) zone_->changes().WakeWatchers();
 }
 
 void Governor::OnClose(int fd) {
@@ -1082,21 +1092,22 @@ uint64_t SocketInode(int fd) {
 }  // namespace
 
 int Governor::BeforePassFds(const msghdr* msg) {
-  if (local_ == nullptr || zone_->corrupt()) return 0;
+  if (local_ == nullptr || zone_->segment().corrupt()) return 0;
   int published = 0;
   bool full = false;
   ForEachPassedFd(msg, [&](int fd) {
     FdEntry* entry = table_->Get(fd);
     if (entry == nullptr) return;
     const uint64_t state = entry->state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) return;
+    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) return;
     const uint64_t inode = SocketInode(fd);
     if (inode == 0) return;
     const uint32_t index = StateConn(state);
     ZoneLock lock(*zone_);
-    if (!lock.ok() || !ConnValid(zone_->conn(index), state)) return;
-    if (zone_->PublishHandoffLocked(inode, index, StateCookie(state),
-                                    watcher_.proc_index(), MonotonicNowNs())) {
+    if (!lock.ok() || !ConnValid(zone_->conns().slot(index), state)) return;
+    if (zone_->handoffs().PublishLocked(inode, index, StateCookie(state),
+                                        watcher_.proc_index(),
+                                        MonotonicNowNs())) {
       ++published;
     } else {
       full = true;
@@ -1107,7 +1118,7 @@ int Governor::BeforePassFds(const msghdr* msg) {
         "zone %s: too many sockets passed between processes and not yet "
         "received (%u); the ones passed now are not governed by their "
         "receiver",
-        zone_->name().c_str(), zone_->handoff_capacity());
+        zone_->name().c_str(), zone_->handoffs().capacity());
   }
   return published;
 }
@@ -1117,9 +1128,9 @@ void Governor::AfterPassFds(const msghdr* msg, bool sent) {
   const uint32_t me = watcher_.proc_index();
   ForEachPassedFd(msg, [&](int fd) {
     const uint64_t inode = SocketInode(fd);
-    if (inode == 0 || !zone_->MayHaveHandoff(inode)) return;
+    if (inode == 0 || !zone_->handoffs().MayHave(inode)) return;
     ZoneLock lock(*zone_);
-    if (lock.ok()) zone_->WithdrawHandoffLocked(inode, me);
+    if (lock.ok()) zone_->handoffs().WithdrawLocked(inode, me);
   });
 }
 
@@ -1135,9 +1146,9 @@ void Governor::ReceiveFd(int fd) {
   if (entry->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*entry));
   }
-  if (zone_->corrupt()) return;
+  if (zone_->segment().corrupt()) return;
   const uint64_t inode = SocketInode(fd);
-  if (inode == 0 || !zone_->MayHaveHandoff(inode)) return;
+  if (inode == 0 || !zone_->handoffs().MayHave(inode)) return;
   const uint32_t me = EnsureProc();
   if (me == kNoSlot) return;
   uint32_t conn = kNoSlot;
@@ -1149,10 +1160,10 @@ void Governor::ReceiveFd(int fd) {
       MarkPending(fd, *entry, nullptr);
       return;
     }
-    conn = zone_->TakeHandoffLocked(inode, &cookie);
+    conn = zone_->handoffs().TakeLocked(inode, &cookie);
     // From now on this process paces and expires it, and its close (not
     // the sender's) ends the registration.
-    if (conn != kNoSlot) zone_->TransferConnLocked(conn, me, fd);
+    if (conn != kNoSlot) zone_->conns().TransferLocked(conn, me, fd);
   }
   if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs(), 0);
 }
@@ -1161,7 +1172,7 @@ void Governor::ExpireHandoffs(int64_t now_ns) {
   const uint32_t me = watcher_.proc_index();
   const int64_t before = now_ns - kHandoffExpiryNs;
   if (me == kNoSlot || local_ == nullptr ||
-      !zone_->HasOldHandoffs(me, before)) {
+      !zone_->handoffs().HasOld(me, before)) {
     return;
   }
   bool push = false;
@@ -1171,21 +1182,22 @@ void Governor::ExpireHandoffs(int64_t now_ns) {
     // A batch per watcher loop; what is left waits for the next one.
     uint64_t expired[kMinHandoffSlots];
     const uint32_t n =
-        zone_->ExpireHandoffsLocked(me, before, expired, kMinHandoffSlots);
+        zone_->handoffs().ExpireLocked(me, before, expired, kMinHandoffSlots);
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t index = static_cast<uint32_t>(expired[i] >> 32);
       const uint32_t cookie = static_cast<uint32_t>(expired[i]);
-      if (index >= zone_->conn_capacity()) continue;
-      const ConnSlotShm& conn = zone_->conn(index);
+      if (index >= zone_->conns().capacity()) continue;
+      const ConnSlotShm& conn = zone_->conns().slot(index);
       const uint64_t refs = local_[index].refs.load(std::memory_order_relaxed);
       const bool held = (refs >> 32) == cookie && (refs & 0xffffffffu) > 0;
-      if (Zone::CookieOf(conn.seq.load(std::memory_order_relaxed)) == cookie &&
+      if (ConnTable::CookieOf(conn.seq.load(std::memory_order_relaxed)) ==
+              cookie &&
           conn.proc_index.load(std::memory_order_relaxed) == me && !held) {
         push |= DeregisterLocked(index);
       }
     }
   }
-  if (push) zone_->WakeWatchers();
+  if (push) zone_->changes().WakeWatchers();
 }
 
 namespace {
@@ -1237,7 +1249,7 @@ int OpenFds(int* fds, int max) {
 }  // namespace
 
 int Governor::AdoptInherited() {
-  if (local_ == nullptr || zone_->corrupt()) return 0;
+  if (local_ == nullptr || zone_->segment().corrupt()) return 0;
   constexpr int kMaxFds = 4096;
   static int fds[kMaxFds];  // the constructor runs once, on one thread
   const int n = OpenFds(fds, kMaxFds);
@@ -1325,7 +1337,7 @@ void Governor::AfterForkChild() {
     slot.store(0, std::memory_order_relaxed);
   }
   deferred_count_.store(0, std::memory_order_relaxed);
-  zone_->CheckHeader();
+  zone_->segment().CheckHeader();
   process_.Arm();
 }
 
@@ -1344,7 +1356,8 @@ bool Governor::SharedWithParent() const {
 uint32_t Governor::EnsureProc() { return watcher_.EnsureStarted(); }
 
 void Governor::BeforeThreadLimit() {
-  if (local_ == nullptr || zone_->corrupt() || SharedWithParent()) return;
+  if (local_ == nullptr || zone_->segment().corrupt() || SharedWithParent())
+    return;
   const int high_water = table_->high_water();
   for (int fd = 0; fd < high_water; ++fd) {
     const uint64_t state =
@@ -1365,8 +1378,8 @@ void Governor::ApplyChangedShares() {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
-    const ConnSlotShm& conn = zone_->conn(StateConn(state));
+    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) continue;
+    const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
     if (!ConnValid(conn, state) ||
         !conn.active.load(std::memory_order_relaxed) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
@@ -1380,9 +1393,9 @@ void Governor::ApplyChangedShares() {
     // connections: at 5 000 connections per key, setsockopt was two thirds
     // of what the watchers spent.
     const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-    if (budget && k < zone_->key_capacity() &&
+    if (budget && k < zone_->keys().capacity() &&
         PaceNearLevel(conn.share_bytes_per_sec.load(std::memory_order_relaxed),
-                      ShareFor(zone_->key(k)))) {
+                      ShareFor(zone_->keys().slot(k)))) {
       continue;
     }
     ApplyIfChanged(fd, entry, state, conn);
@@ -1417,12 +1430,12 @@ void Governor::ExpireIdle(int64_t now_ns) {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
+    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) continue;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (!budget && visit != 0 && static_cast<int32_t>(tick - visit) < 0) {
       continue;
     }
-    const ConnSlotShm& conn = zone_->conn(StateConn(state));
+    const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
     const uint64_t after = any_after ? AfterBytes(conn) : 0;
     if (after > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
@@ -1441,7 +1454,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
     const uint32_t next = quiet_until > now_ns ? BudgetTickOf(quiet_until) : 0;
     entry.visit_tick.store(next, std::memory_order_relaxed);
   }
-  if (push) zone_->WakeWatchers();
+  if (push) zone_->changes().WakeWatchers();
 }
 
 bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
@@ -1510,8 +1523,8 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
   if (!lock.ok()) return false;
   if (ConnValid(conn, state) &&
       local.last_send_ns.load(std::memory_order_relaxed) == last) {
-    *push |=
-        zone_->LeaveLocked(StateConn(state)) && SiblingsSendingLocked(conn);
+    *push |= zone_->conns().LeaveLocked(StateConn(state)) &&
+             SiblingsSendingLocked(conn);
     StartRest(StateConn(state));
   }
   return true;
@@ -1560,7 +1573,7 @@ int64_t Governor::LookAtRest(int fd, FdEntry& entry, uint64_t state,
 }
 
 bool Governor::CheckZone(int64_t now_ns) {
-  if (zone_->corrupt()) return PassThroughCorrupt();
+  if (zone_->segment().corrupt()) return PassThroughCorrupt();
   if (const uint32_t rules =
           zone_->header().rules_generation.load(std::memory_order_acquire);
       rules != rules_generation_seen_.load(std::memory_order_relaxed)) {
@@ -1572,8 +1585,8 @@ bool Governor::CheckZone(int64_t now_ns) {
     rules_generation_seen_.store(rules, std::memory_order_release);
     // What `trafficrate reload` waits for.
     if (const uint32_t me = watcher_.proc_index();
-        me < zone_->proc_capacity()) {
-      ProcSlotShm& slot = zone_->proc(me);
+        me < zone_->procs().capacity()) {
+      ProcSlotShm& slot = zone_->procs().slot(me);
       slot.rules_errno.store(static_cast<uint16_t>(err),
                              std::memory_order_relaxed);
       slot.rules_status.store(status, std::memory_order_relaxed);
@@ -1591,7 +1604,7 @@ bool Governor::CheckZone(int64_t now_ns) {
     if (now_ns < next_zone_check_ns_) return true;
   }
   next_zone_check_ns_ = now_ns + kNsPerSec;
-  if (!zone_->CheckHeader()) return PassThroughCorrupt();
+  if (!zone_->segment().CheckHeader()) return PassThroughCorrupt();
   const int32_t holder = zone_->LockHolder();
   if (zone_->lock_stalled() && ++stalled_checks_ >= kStalledChecksForCorrupt) {
     // Held for seconds by a thread that does not exist: nothing will ever
@@ -1599,7 +1612,8 @@ bool Governor::CheckZone(int64_t now_ns) {
     char path[32];
     std::snprintf(path, sizeof(path), "/proc/%d", holder);
     if (holder == 0 || access(path, F_OK) != 0) {
-      zone_->MarkCorrupt("its lock is held by a thread that does not exist");
+      zone_->segment().MarkCorrupt(
+          "its lock is held by a thread that does not exist");
       return PassThroughCorrupt();
     }
   }
@@ -1630,7 +1644,7 @@ bool Governor::CheckZone(int64_t now_ns) {
 
 bool Governor::PassThroughCorrupt() {
   PassThroughAll();
-  const char* why = zone_->corrupt_why();
+  const char* why = zone_->segment().corrupt_why();
   logger_->Error(
       "zone %s is corrupt (%s); process %d passes every connection through "
       "unpaced from now on; the next server started replaces the zone",

@@ -147,7 +147,7 @@ class Governor final : public WatcherDuties {
   void OnDup(int oldfd, int newfd);
   // Sockets passed between processes over Unix sockets (SCM_RIGHTS).
   // Before a sendmsg carrying fds: each governed connection among them is
-  // published in the zone (Zone::PublishHandoffLocked), so that its
+  // published in the zone (HandoffTable::PublishLocked), so that its
   // receiver takes the registration over, and this process's close of its
   // copy does not end it meanwhile. Returns how many were published.
   int BeforePassFds(const msghdr* msg);
@@ -507,7 +507,7 @@ class Governor final : public WatcherDuties {
   LocalKey* key_local_ = nullptr;  // zone key_capacity entries
   uint32_t tick_ = 0;
   // Budget mode, watcher: how late the latest watcher (this one too) was
-  // at the start of this tick (Zone::LatestWatcherLateNs); its part of the
+  // at the start of this tick (ProcTable::LatestWatcherLateNs); its part of the
   // counts is missing until it runs (BudgetInput::count_late_ns).
   int64_t count_late_ns_ = 0;
   // Budget mode, watcher: the due time of its next tick it last published

@@ -162,8 +162,9 @@ void Account(Zone& zone, ConnSlotShm& conn, uint64_t left) {
   if (left <= before) return;
   conn.bytes_left.store(left, std::memory_order_relaxed);
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (k >= zone.key_capacity()) return;
-  zone.key(k).sent_bytes.fetch_add(left - before, std::memory_order_relaxed);
+  if (k >= zone.keys().capacity()) return;
+  zone.keys().slot(k).sent_bytes.fetch_add(left - before,
+                                           std::memory_order_relaxed);
 }
 
 // Bytes of fd's connection not yet sent, or -1 if unknown.
@@ -186,20 +187,20 @@ bool PeerStillReading(int fd) {
 }  // namespace
 
 bool Governor::BudgetWanted() const {
-  return zone_->share_mode() == ShareMode::kBudget;
+  return zone_->settings().share_mode() == ShareMode::kBudget;
 }
 
 uint64_t Governor::ShareFor(const KeySlotShm& key) const {
-  const uint64_t rate = zone_->KeyRate(key);
+  const uint64_t rate = zone_->settings().KeyRate(key);
   const uint32_t active = key.active.load(std::memory_order_acquire);
-  if (rate == 0 || active > zone_->conn_capacity()) {
+  if (rate == 0 || active > zone_->conns().capacity()) {
     // Figures no process writes: a share from them could pace the key's
     // connections down to nothing. The zone is corrupt; unpaced meanwhile.
-    zone_->MarkCorrupt(rate == 0 ? "its rate is 0"
-                                 : "a key counts more connections than fit");
+    zone_->segment().MarkCorrupt(
+        rate == 0 ? "its rate is 0" : "a key counts more connections than fit");
     return kUnpaced;
   }
-  if (zone_->share_mode() == ShareMode::kEqual) {
+  if (zone_->settings().share_mode() == ShareMode::kEqual) {
     return ShareBytesPerSec(rate, active);
   }
   return LevelInForce(key.level_bytes_per_sec.load(std::memory_order_relaxed),
@@ -226,7 +227,8 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   tick_ = BudgetTickOf(now_ns);
   // Before this tick counts anything: a watcher that is late now (this
   // one included, until its visits below are done) misses bytes that left.
-  count_late_ns_ = zone_->LatestWatcherLateNs(now_ns, kStoppedWatcherNs);
+  count_late_ns_ =
+      zone_->procs().LatestWatcherLateNs(now_ns, kStoppedWatcherNs);
   const bool late_tick =
       published_due_ns_ != 0 && now_ns - published_due_ns_ > kBudgetLateHoldNs;
   // Fewer, fuller ticks while the work is spaced out.
@@ -244,7 +246,7 @@ int64_t Governor::TickBudget(int64_t now_ns) {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conn_capacity()) continue;
+    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) continue;
     ++governed;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (visit != 0 && static_cast<int32_t>(tick_ - visit) < 0) {
@@ -252,7 +254,7 @@ int64_t Governor::TickBudget(int64_t now_ns) {
       continue;
     }
     LocalConn& local = local_[StateConn(state)];
-    ConnSlotShm& conn = zone_->conn(StateConn(state));
+    ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
     uint32_t gap_ticks = not_sending_ticks;
     if (ConnValid(conn, state) && conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me) {
@@ -287,11 +289,11 @@ int64_t Governor::TickBudget(int64_t now_ns) {
     entry.visit_tick.store(next, std::memory_order_relaxed);
     if (static_cast<int32_t>(next - next_due) < 0) next_due = next;
   }
-  if (push) zone_->WakeWatchers();
+  if (push) zone_->changes().WakeWatchers();
   if (cpu_.Due(now_ns)) {
     cpu_.Update(now_ns, ThreadCpuNs(), governed);
-    if (me < zone_->proc_capacity()) {
-      ProcSlotShm& proc = zone_->proc(me);
+    if (me < zone_->procs().capacity()) {
+      ProcSlotShm& proc = zone_->procs().slot(me);
       proc.watcher_cpu.store(
           static_cast<uint16_t>(std::min<int64_t>(
               cpu_.used_ns_per_sec() / (kNsPerSec / 10000), UINT16_MAX)),
@@ -317,13 +319,13 @@ int64_t Governor::TickBudget(int64_t now_ns) {
       std::max<int32_t>(1, static_cast<int32_t>(next_due - tick_));
   const int64_t due_ns =
       now_ns - now_ns % kBudgetTickNs + ticks * kBudgetTickNs;
-  if (me < zone_->proc_capacity() && !recount) {
+  if (me < zone_->procs().capacity() && !recount) {
     // Published for the other watchers' decisions (LatestWatcherLateNs); a
     // wake before it (a join) only makes this one early.
     published_due_ns_ = due_ns;
     const uint32_t due_ms = static_cast<uint32_t>(due_ns / kNsPerMs);
-    zone_->proc(me).watcher_due_ms.store(due_ms != 0 ? due_ms : 1,
-                                         std::memory_order_relaxed);
+    zone_->procs().slot(me).watcher_due_ms.store(due_ms != 0 ? due_ms : 1,
+                                                 std::memory_order_relaxed);
   }
   return due_ns;
 }
@@ -333,7 +335,7 @@ bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
   const uint64_t pace =
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (pace == 0 || k >= zone_->key_capacity()) return true;
+  if (pace == 0 || k >= zone_->keys().capacity()) return true;
   packet_bytes = PacketOrTwoSegments(packet_bytes);
   // A raise of an eighth or more is applied at once: a packet sent at the
   // lower level holds its connection back for the old gap, and what it did
@@ -342,7 +344,7 @@ bool Governor::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
   // raise, or a lower level, once per packet gap (a setsockopt per
   // connection and tick would cost more than the whole budget allows; the
   // level moves with every packet), unless it fell by a quarter or more.
-  const uint64_t level = ShareFor(zone_->key(k));
+  const uint64_t level = ShareFor(zone_->keys().slot(k));
   if (PaceNearLevel(pace, level)) return false;
   if (level > pace ? level - pace >= pace / 8 : pace - level >= pace / 4) {
     return true;
@@ -384,8 +386,8 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   if (unsent >= 0) {
     // Pinned: the host's close, which takes it off the count, waits.
-    zone_->SetUnderPace(StateConn(state),
-                        IsUnderPace(local, left, unsent, pace, now_ns));
+    zone_->conns().SetUnderPace(StateConn(state),
+                                IsUnderPace(local, left, unsent, pace, now_ns));
   }
   FdTable::Unpin(entry);
   if (unsent < 0) return;
@@ -539,7 +541,7 @@ void Governor::EstimateConn(const LocalConn& local, ConnSlotShm& conn,
 void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
                              int64_t now_ns) {
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (k >= zone_->key_capacity()) return;
+  if (k >= zone_->keys().capacity()) return;
   LocalKey& local = key_local_[k];
   // The largest packet of the key's connections visited in this window of
   // kPacketWindowTicks and the one before is what its decisions use: slow
@@ -559,8 +561,8 @@ void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
 
 void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
                          int64_t now_ns) {
-  if (key_index >= zone_->key_capacity()) return;
-  KeySlotShm& key = zone_->key(key_index);
+  if (key_index >= zone_->keys().capacity()) return;
+  KeySlotShm& key = zone_->keys().slot(key_index);
   // A key whose connections send packets far apart is decided less often:
   // a new level reaches them only at their next packet anyway.
   const int64_t last = key.budget_last_ns.load(std::memory_order_relaxed);
@@ -582,7 +584,7 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
   const uint64_t published = state.level_bytes_per_sec;
   const uint64_t pending = key.start_pending.load(std::memory_order_relaxed);
   const uint32_t active = key.active.load(std::memory_order_relaxed);
-  const BudgetSettings settings = zone_->key_budget_settings(key);
+  const BudgetSettings settings = zone_->settings().key_budget_settings(key);
   BudgetInput input{now_ns,
                     key.sent_bytes.load(std::memory_order_relaxed),
                     active,
@@ -616,13 +618,13 @@ void Governor::DecideKey(uint32_t key_index, uint32_t packet_bytes,
 
 bool Governor::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
   const uint32_t index = StateConn(state);
-  if (local_ == nullptr || index >= zone_->conn_capacity()) return false;
-  ConnSlotShm& conn = zone_->conn(index);
+  if (local_ == nullptr || index >= zone_->conns().capacity()) return false;
+  ConnSlotShm& conn = zone_->conns().slot(index);
   if (!ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed) ||
       conn.proc_index.load(std::memory_order_relaxed) !=
           watcher_.proc_index() ||
       (local_[index].refs.load(std::memory_order_relaxed) & 0xffffffffu) != 1 ||
-      zone_->MayBeHandedOff(index, StateCookie(state))) {
+      zone_->handoffs().MayBeHandedOff(index, StateCookie(state))) {
     // Passed to another process, which sends the rest (Release keeps it).
     return false;
   }
@@ -647,9 +649,9 @@ bool Governor::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
   // rate holds for good, since nobody can change an orphaned socket's.
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
   uint64_t token = kNeverApplied;
-  if (k < zone_->key_capacity()) {
-    token = ShareToken(zone_->key(k));
-    const uint64_t level = ShareFor(zone_->key(k));
+  if (k < zone_->keys().capacity()) {
+    token = ShareToken(zone_->keys().slot(k));
+    const uint64_t level = ShareFor(zone_->keys().slot(k));
     const uint64_t pace =
         conn.share_bytes_per_sec.load(std::memory_order_relaxed);
     if (level > 0 && (pace == 0 || level < pace)) SetPacing(fd, conn, level);
@@ -761,8 +763,8 @@ int64_t Governor::VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn) {
   int64_t unsent = Unsent(fd);
   if (unsent > 0 && !PeerStillReading(fd)) unsent = 0;  // nothing more goes
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  if (unsent > 0 && k < zone_->key_capacity()) {
-    const KeySlotShm& key = zone_->key(k);
+  if (unsent > 0 && k < zone_->keys().capacity()) {
+    const KeySlotShm& key = zone_->keys().slot(k);
     const uint64_t token = ShareToken(key);
     const uint64_t level = ShareFor(key);
     if (token != drain_token_[slot].load(std::memory_order_relaxed) &&
@@ -787,12 +789,12 @@ bool Governor::TickDrains(int64_t now_ns) {
     const uint32_t index = static_cast<uint32_t>(packed >> 32);
     const uint64_t state = PackState(index, static_cast<uint32_t>(packed));
     const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
-    if (index >= zone_->conn_capacity()) {
+    if (index >= zone_->conns().capacity()) {
       CloseKept(static_cast<uint32_t>(slot));
       drains_[slot].store(0, std::memory_order_release);
       continue;
     }
-    ConnSlotShm& conn = zone_->conn(index);
+    ConnSlotShm& conn = zone_->conns().slot(index);
     if (!ConnValid(conn, state) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {
       CloseKept(static_cast<uint32_t>(slot));
@@ -804,8 +806,9 @@ bool Governor::TickDrains(int64_t now_ns) {
     uint64_t pace = conn.share_bytes_per_sec.load(std::memory_order_relaxed);
     if (pace == 0) {
       const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-      pace = key < zone_->key_capacity() ? zone_->KeyRate(zone_->key(key))
-                                         : zone_->RuleRate(0);
+      pace = key < zone_->keys().capacity()
+                 ? zone_->settings().KeyRate(zone_->keys().slot(key))
+                 : zone_->settings().RuleRate(0);
     }
     const bool too_old =
         now_ns - local.next_measure_ns.load(std::memory_order_relaxed) >
@@ -815,8 +818,8 @@ bool Governor::TickDrains(int64_t now_ns) {
     const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
     if (kept >= 0 && !too_old &&
         (now_ns >= drain_due_ns_[slot].load(std::memory_order_relaxed) ||
-         (k < zone_->key_capacity() &&
-          ShareToken(zone_->key(k)) !=
+         (k < zone_->keys().capacity() &&
+          ShareToken(zone_->keys().slot(k)) !=
               drain_token_[slot].load(std::memory_order_relaxed)))) {
       // Kept open: measured (and paced at the level) like a sending
       // connection, about twice per remaining drain time.
@@ -881,7 +884,7 @@ bool Governor::TickDrains(int64_t now_ns) {
       }
     }
     drains_[slot].store(0, std::memory_order_release);
-    if (push) zone_->WakeWatchers();
+    if (push) zone_->changes().WakeWatchers();
   }
   return pending;
 }

@@ -36,9 +36,9 @@ int32_t PidInProc() {
 class ZoneChanges final : public ChangeSignal {
  public:
   explicit ZoneChanges(Zone* zone) : zone_(zone) {}
-  uint32_t Word() const override { return zone_->ChangeWord(); }
+  uint32_t Word() const override { return zone_->changes().Current(); }
   void Wait(uint32_t seen, int64_t timeout_ns) const override {
-    zone_->WaitForChange(seen, timeout_ns);
+    zone_->changes().WaitForChange(seen, timeout_ns);
   }
 
  private:
@@ -103,28 +103,28 @@ bool Watcher::Claim() {
   // The zone lock may be held for long (its holder stopped): wait for it in
   // bounded steps, for as long as the process wants the watcher.
   for (;;) {
-    if (stop_.load(std::memory_order_acquire) || zone_->corrupt()) {
+    if (stop_.load(std::memory_order_acquire) || zone_->segment().corrupt()) {
       state_.store(kFailed, std::memory_order_release);
       return false;
     }
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (lock.ok()) {
-      me = zone_->ClaimProcLocked(proc_pid, MonotonicNowNs(), &liveness_,
-                                  &reaped);
+      me = zone_->procs().ClaimLocked(proc_pid, MonotonicNowNs(), &liveness_,
+                                      &reaped);
       break;
     }
     if (zone_->lock_stalled() && !zone_->RecheckLock()) {
       SleepNs(kWatcherLockWaitNs);
     }
   }
-  if (reaped > 0) zone_->WakeWatchers();
+  if (reaped > 0) zone_->changes().WakeWatchers();
   if (me == kNoSlot) {
     state_.store(kFailed, std::memory_order_release);
     logger_->Error(
         "zone %s has no free process slot (%u); connections of "
         "process %d pass through unpaced; raise "
         "TRAFFICRATE_ZONE_SIZE",
-        zone_->name().c_str(), zone_->proc_capacity(), proc_pid);
+        zone_->name().c_str(), zone_->procs().capacity(), proc_pid);
     return false;
   }
   proc_.store(me, std::memory_order_release);
@@ -156,7 +156,7 @@ void Watcher::Run() {
 void Watcher::Stop() {
   if (state_.load(std::memory_order_acquire) != kRunning) return;
   stop_.store(true, std::memory_order_release);
-  zone_->WakeWatchers();
+  zone_->changes().WakeWatchers();
   pthread_join(thread_, nullptr);
   proc_.store(kNoSlot, std::memory_order_release);
   state_.store(kNotStarted, std::memory_order_release);

@@ -74,20 +74,20 @@ bool TakeClusterSnapshot(const ClusterShm& c, int64_t now_ns,
 absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   const ZoneHeaderShm& h = zone.header();
   if (h.magic != kZoneMagic || h.layout_version != kZoneLayoutVersion ||
-      !zone.HeaderIntact()) {
-    return zone.CorruptStatus("its header changed");
+      !zone.segment().HeaderIntact()) {
+    return zone.segment().CorruptStatus("its header changed");
   }
   ZoneSnapshot snap;
   snap.name = zone.name();
   snap.path = zone.path();
   snap.size_bytes = h.zone_size;
-  snap.key_spec = zone.key_spec();
-  snap.key_capacity = zone.key_capacity();
-  snap.conn_capacity = zone.conn_capacity();
-  snap.proc_capacity = zone.proc_capacity();
+  snap.key_spec = zone.settings().key_spec();
+  snap.key_capacity = zone.keys().capacity();
+  snap.conn_capacity = zone.conns().capacity();
+  snap.proc_capacity = zone.procs().capacity();
   snap.rate_bytes_per_sec = h.rate_bytes_per_sec.load();
-  snap.share_mode = zone.share_mode();
-  snap.burst_bytes = zone.burst_bytes();
+  snap.share_mode = zone.settings().share_mode();
+  snap.burst_bytes = zone.settings().burst_bytes();
   snap.table_full = h.table_full.load();
   snap.lock_repairs = h.lock_repairs.load();
   snap.lock_timeouts = h.lock_timeouts.load();
@@ -97,15 +97,15 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   snap.has_cluster =
       TakeClusterSnapshot(h.cluster, snap.taken_ns, &snap.cluster);
   for (uint32_t rule = 0; rule < kZoneRules; ++rule) {
-    const uint64_t rate = zone.RuleRate(rule);
+    const uint64_t rate = zone.settings().RuleRate(rule);
     if (rule > 0 && rate == 0) continue;
-    snap.rules.push_back(RuleSnapshot{rule, zone.RuleName(rule), rate,
-                                      zone.RuleBurst(rule),
-                                      zone.RuleKeySpec(rule)});
+    snap.rules.push_back(RuleSnapshot{rule, zone.settings().RuleName(rule),
+                                      rate, zone.settings().RuleBurst(rule),
+                                      zone.settings().RuleKeySpec(rule)});
   }
   std::vector<uint32_t> key_row(snap.key_capacity, kNoSlot);
   for (uint32_t i = 0; i < snap.key_capacity; ++i) {
-    const KeySlotShm& k = zone.key(i);
+    const KeySlotShm& k = zone.keys().slot(i);
     if (!k.in_use.load(std::memory_order_acquire)) continue;
     key_row[i] = static_cast<uint32_t>(snap.keys.size());
     KeySnapshot row;
@@ -113,17 +113,18 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     for (size_t b = 0; b < kKeyBytes; ++b) {
       bytes[b] = __atomic_load_n(&k.key[b], __ATOMIC_RELAXED);
     }
-    row.rule_index = Zone::RuleOfKeyBytes(bytes);
-    row.rule = zone.RuleName(row.rule_index);
-    row.rate_bytes_per_sec = zone.RuleRate(row.rule_index);
+    row.rule_index = ZoneSettings::RuleOfKeyBytes(bytes);
+    row.rule = zone.settings().RuleName(row.rule_index);
+    row.rate_bytes_per_sec = zone.settings().RuleRate(row.rule_index);
     // This host's budget for the key: its fleet share, or the rule's rate.
-    const uint64_t rate = zone.KeyRate(k);
+    const uint64_t rate = zone.settings().KeyRate(k);
     if (snap.has_cluster) {
       row.cluster_active = k.cluster_active.load();
       row.cluster_hosts = k.cluster_hosts.load();
       row.host_share_bytes_per_sec = rate;
     }
-    row.key = FormatConnKey(KeyOf(bytes), zone.RuleKeySpec(row.rule_index));
+    row.key = FormatConnKey(KeyOf(bytes),
+                            zone.settings().RuleKeySpec(row.rule_index));
     row.active = k.active.load();
     row.connections = k.refs.load();
     row.share_bytes_per_sec = ShareBytesPerSec(rate, row.active);
@@ -146,9 +147,9 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     snap.keys.push_back(std::move(row));
   }
   for (uint32_t i = 0; i < snap.proc_capacity; ++i) {
-    const ProcSlotShm& p = zone.proc(i);
+    const ProcSlotShm& p = zone.procs().slot(i);
     if (p.state.load() != kProcLive) continue;
-    ProcSnapshot row{i, p.pid.load(), p.conns.load(), !Zone::ProcMaybeDead(p)};
+    ProcSnapshot row{i, p.pid.load(), p.conns.load(), !ProcTable::MaybeDead(p)};
     row.watcher_cpu_pct = p.watcher_cpu.load() / 100.0;
     row.watcher_stretch = p.watcher_stretch.load() / 100.0;
     row.shaped_calls = p.shaped_calls.load();
@@ -157,7 +158,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     snap.processes.push_back(row);
   }
   for (uint32_t i = 0; i < snap.conn_capacity; ++i) {
-    const ConnSlotShm& c = zone.conn(i);
+    const ConnSlotShm& c = zone.conns().slot(i);
     if ((c.seq.load(std::memory_order_acquire) & 1) == 0) continue;
     const uint32_t k = c.key_index.load();
     const uint32_t p = c.proc_index.load();
@@ -174,7 +175,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
     }
     row.peer = FormatAddressPort(
         peer, __atomic_load_n(&c.peer_port, __ATOMIC_RELAXED));
-    row.pid = p < snap.proc_capacity ? zone.proc(p).pid.load() : 0;
+    row.pid = p < snap.proc_capacity ? zone.procs().slot(p).pid.load() : 0;
     row.fd = c.fd.load();
     row.active = c.active.load() != 0;
     row.share_bytes_per_sec = c.share_bytes_per_sec.load();

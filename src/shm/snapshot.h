@@ -26,7 +26,7 @@ class Zone;
 
 struct KeySnapshot {
   std::string key;   // FormatConnKey under its rule's key spec
-  std::string rule;  // its rule's name (Zone::RuleName)
+  std::string rule;  // its rule's name (ZoneSettings::RuleName)
   uint32_t rule_index = 0;
   uint64_t rate_bytes_per_sec = 0;  // its rule's live rate
   uint32_t active = 0;              // sending connections
@@ -56,7 +56,7 @@ struct KeySnapshot {
   // Fleet sharing (TRAFFICRATE_CLUSTER), once the zone's agent has run:
   // the key's sending connections on every host and the hosts they are on,
   // at the last exchange (0 before the key's first), and this host's budget
-  // for the key (Zone::KeyRate: its share of the rule's rate across the
+  // for the key (ZoneSettings::KeyRate: its share of the rule's rate across the
   // fleet, the rule's rate while it has none).
   uint32_t cluster_active = 0;
   uint32_t cluster_hosts = 0;

@@ -376,7 +376,7 @@ uint32_t ClaimProc(Zone& zone) {
   {
     ZoneLock lock(zone, kWatcherLockWaitNs);
     if (!lock.ok()) return kNoSlot;
-    proc = zone.ClaimProcLocked(getpid(), MonotonicNowNs(), &liveness);
+    proc = zone.procs().ClaimLocked(getpid(), MonotonicNowNs(), &liveness);
   }
   liveness.Release();
   return proc;
@@ -415,9 +415,9 @@ bool StartAgent(Host& h, int64_t delay_ns) {
 
 // Registers and joins a connection of key slot k; its slot or kNoSlot.
 uint32_t JoinLocked(Host& h, uint32_t k, int fd) {
-  const uint32_t c = h.zone->RegisterConnLocked(k, h.proc, fd, kPeer, 4242);
+  const uint32_t c = h.zone->conns().RegisterLocked(k, h.proc, fd, kPeer, 4242);
   if (c == kNoSlot) return kNoSlot;
-  h.zone->JoinLocked(c);
+  h.zone->conns().JoinLocked(c);
   return c;
 }
 
@@ -430,7 +430,7 @@ bool Populate(Host& h, uint32_t keys) {
   const int64_t now = MonotonicNowNs();
   for (uint32_t n = 0; n < keys; ++n) {
     const std::vector<uint8_t> bytes = KeyBytes(n);
-    const uint32_t k = h.zone->FindOrInsertKeyLocked(bytes.data(), now);
+    const uint32_t k = h.zone->keys().FindOrInsertLocked(bytes.data(), now);
     if (k == kNoSlot) return false;
     if (n == 0) h.measured = k;
     const uint32_t conns = n == 0 ? kMeasuredConns : 1;
@@ -509,7 +509,7 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
     Host& h = hosts[i];
     h.zone_name = "clbench" + std::to_string(getpid()) + "_" + ids[i] + "_" +
                   std::to_string(keys);
-    (void)Zone::Unlink(h.zone_name);
+    (void)ZoneSegment::Unlink(h.zone_name);
     absl::StatusOr<std::unique_ptr<Zone>> zone =
         Zone::OpenOrCreate(h.zone_name, zone_bytes, kRate);
     if (!zone.ok()) {
@@ -519,7 +519,7 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
       break;
     }
     h.zone = std::move(*zone);
-    r.key_capacity = h.zone->key_capacity();
+    r.key_capacity = h.zone->keys().capacity();
     h.proc = ClaimProc(*h.zone);
     ok = h.proc != kNoSlot && Populate(h, keys);
     if (!ok) {
@@ -542,7 +542,8 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
   Host& a = hosts[0];
   Host& b = hosts[1];
   auto share = [](const Host& h) {
-    return h.zone->key(h.measured)
+    return h.zone->keys()
+        .slot(h.measured)
         .cluster_share.load(std::memory_order_relaxed);
   };
   const uint64_t half = ExpectedShare(kMeasuredConns, kMeasuredConns);
@@ -553,8 +554,8 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
                [&] {
                  if (share(a) != half || share(b) != half) return false;
                  for (const Host& h : hosts) {
-                   for (uint32_t k = 0; k < h.zone->key_capacity(); ++k) {
-                     const KeySlotShm& key = h.zone->key(k);
+                   for (uint32_t k = 0; k < h.zone->keys().capacity(); ++k) {
+                     const KeySlotShm& key = h.zone->keys().slot(k);
                      if (key.in_use.load() == 1 && key.active.load() > 0 &&
                          key.cluster_hosts.load() != kHosts) {
                        return false;
@@ -578,7 +579,8 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
   r.setup_s = Seconds(MonotonicNowNs() - setup_start);
   uint64_t failures_before = 0;
   for (const Host& h : hosts) {
-    if (h.zone != nullptr) failures_before += h.zone->cluster().failures.load();
+    if (h.zone != nullptr)
+      failures_before += h.zone->settings().cluster().failures.load();
   }
 
   // The quiet window.
@@ -588,7 +590,7 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
     uint64_t ex0[kHosts], ex1[kHosts];
     for (int i = 0; i < kHosts; ++i) {
       cpu0[i] = ThreadCpuNs(hosts[i].thread_dir);
-      ex0[i] = hosts[i].zone->cluster().exchanges.load();
+      ex0[i] = hosts[i].zone->settings().cluster().exchanges.load();
     }
     const int64_t redis_cpu0 = ProcessCpuNs(server.pid());
     const RedisStats s0 = ReadStats(redis);
@@ -599,7 +601,7 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
       if (MonotonicNowNs() - t0 >= window_ns) break;
       SleepNs(kTickNs / 2);
       for (const Host& h : hosts) {
-        rtt.push_back(h.zone->cluster().rtt_us.load() / 1000.0);
+        rtt.push_back(h.zone->settings().cluster().rtt_us.load() / 1000.0);
       }
     }
     const RedisStats s1 = ReadStats(redis);
@@ -607,7 +609,7 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
     const int64_t redis_cpu1 = ProcessCpuNs(server.pid());
     for (int i = 0; i < kHosts; ++i) {
       cpu1[i] = ThreadCpuNs(hosts[i].thread_dir);
-      ex1[i] = hosts[i].zone->cluster().exchanges.load();
+      ex1[i] = hosts[i].zone->settings().cluster().exchanges.load();
     }
     const double secs = Seconds(t1 - t0);
     r.window_s = secs;
@@ -686,7 +688,7 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
       ZoneLock lock(*a.zone, kWatcherLockWaitNs);
       if (!lock.ok()) break;
       start = MonotonicNowNs();
-      a.zone->DeregisterConnLocked(c);
+      a.zone->conns().DeregisterLocked(c);
     }
     done = WaitFor([&] { return share(b) == half; }, kChangeTimeoutNs, kPollNs);
     if (done < 0) {
@@ -699,13 +701,14 @@ Result RunCase(const Options& o, RedisServer& server, RedisClient& redis,
   }
   uint64_t failures_after = 0;
   for (const Host& h : hosts) {
-    if (h.zone != nullptr) failures_after += h.zone->cluster().failures.load();
+    if (h.zone != nullptr)
+      failures_after += h.zone->settings().cluster().failures.load();
   }
   r.failures = failures_after - failures_before;
   for (Host& h : hosts) {
     h.agent.reset();  // joins its thread
     h.zone.reset();
-    (void)Zone::Unlink(h.zone_name);
+    (void)ZoneSegment::Unlink(h.zone_name);
   }
   return r;
 }

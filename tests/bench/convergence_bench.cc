@@ -307,7 +307,7 @@ int Main(int argc, char** argv) {
   waitpid(child, &status, 0);
   for (pid_t pid : holders) waitpid(pid, &status, 0);
   gov.StopWatcher();
-  (void)Zone::Unlink(name);
+  (void)ZoneSegment::Unlink(name);
   std::printf(
       "convergence: %d changes, %d siblings in another process, gap "
       "%d ms, %d others in %zu processes, %d failed\n",

@@ -102,7 +102,7 @@ class Rig {
   explicit Rig(bool preloaded) {
     if (!preloaded) {
       zone_name_ = "wpb" + std::to_string(getpid());
-      (void)Zone::Unlink(zone_name_);
+      (void)ZoneSegment::Unlink(zone_name_);
       absl::StatusOr<std::unique_ptr<Zone>> zone =
           Zone::OpenOrCreate(zone_name_, uint64_t{1} << 20, kRate);
       if (!zone.ok()) {
@@ -142,7 +142,7 @@ class Rig {
     if (gov_ != nullptr) {
       gov_->StopWatcher();
       gov_.reset();
-      (void)Zone::Unlink(zone_name_);
+      (void)ZoneSegment::Unlink(zone_name_);
     }
   }
 
@@ -150,7 +150,8 @@ class Rig {
   Governor* gov() const { return gov_.get(); }
   // The pacing the measured connection's zone slot says was applied.
   uint64_t AppliedShare() const {
-    return zone_->conn(measured_index_)
+    return zone_->conns()
+        .slot(measured_index_)
         .share_bytes_per_sec.load(std::memory_order_relaxed);
   }
   // Makes the sibling join (true) or leave (false) its key, as another
@@ -159,8 +160,8 @@ class Rig {
   bool SetSiblingJoined(bool joined) {
     ZoneLock lock(*zone_);
     if (!lock.ok()) return false;
-    return joined ? zone_->JoinLocked(sibling_index_)
-                  : zone_->LeaveLocked(sibling_index_);
+    return joined ? zone_->conns().JoinLocked(sibling_index_)
+                  : zone_->conns().LeaveLocked(sibling_index_);
   }
 
  private:

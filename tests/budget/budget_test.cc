@@ -57,7 +57,7 @@ class Sim {
     c.remaining = bytes;
     c.active = true;
     c.next_departure_ns = now_;
-    start_pending_ += kUnpacedStartBytes;  // as Zone::JoinLocked
+    start_pending_ += kUnpacedStartBytes;  // as ConnTable::JoinLocked
     const uint32_t before = Active();
     state_ = BudgetMembershipChange(state_, settings_, before, before + 1);
     applied_ = state_.level_bytes_per_sec;

@@ -56,7 +56,7 @@ class ClusterAgentTest : public ::testing::Test {
     for (Host& h : hosts_) {
       h.agent.reset();
       h.zone.reset();
-      (void)Zone::Unlink(h.zone_name);
+      (void)ZoneSegment::Unlink(h.zone_name);
     }
   }
 
@@ -64,7 +64,7 @@ class ClusterAgentTest : public ::testing::Test {
   Host& AddHost(const std::string& id, int64_t decay_ns = kNsPerSec) {
     Host& h = hosts_[count_++];
     h.zone_name = testing_util::UniqueZoneName(id);
-    (void)Zone::Unlink(h.zone_name);
+    (void)ZoneSegment::Unlink(h.zone_name);
     absl::StatusOr<std::unique_ptr<Zone>> zone =
         Zone::OpenOrCreate(h.zone_name, kOneMiB, kRate);
     EXPECT_TRUE(zone.ok()) << zone.status();
@@ -98,7 +98,7 @@ class ClusterAgentTest : public ::testing::Test {
     {
       ZoneLock lock(zone);
       EXPECT_TRUE(lock.ok());
-      proc = zone.ClaimProcLocked(getpid(), now_ns, &liveness);
+      proc = zone.procs().ClaimLocked(getpid(), now_ns, &liveness);
     }
     EXPECT_TRUE(liveness.Release());
     return proc;
@@ -111,13 +111,13 @@ class ClusterAgentTest : public ::testing::Test {
     ASSERT_TRUE(lock.ok());
     TestKey key = MakeKey(1);
     key.bytes[kKeyRuleByte] = rule;
-    h.key = h.zone->FindOrInsertKeyLocked(key.bytes, MonotonicNowNs());
+    h.key = h.zone->keys().FindOrInsertLocked(key.bytes, MonotonicNowNs());
     ASSERT_NE(h.key, kNoSlot);
     for (int i = 0; i < n; ++i) {
-      const uint32_t c = h.zone->RegisterConnLocked(h.key, h.proc, 100 + i,
-                                                    testing_util::kPeer, 4242);
+      const uint32_t c = h.zone->conns().RegisterLocked(
+          h.key, h.proc, 100 + i, testing_util::kPeer, 4242);
       ASSERT_NE(c, kNoSlot);
-      ASSERT_TRUE(h.zone->JoinLocked(c));
+      ASSERT_TRUE(h.zone->conns().JoinLocked(c));
     }
   }
 
@@ -133,10 +133,10 @@ class ClusterAgentTest : public ::testing::Test {
   }
 
   static uint64_t Share(const Host& h) {
-    return h.zone->key(h.key).cluster_share.load();
+    return h.zone->keys().slot(h.key).cluster_share.load();
   }
   static uint64_t Rate(const Host& h) {
-    return h.zone->KeyRate(h.zone->key(h.key));
+    return h.zone->settings().KeyRate(h.zone->keys().slot(h.key));
   }
 
   int port_ = 0;
@@ -155,10 +155,10 @@ TEST_F(ClusterAgentTest, TwoAndTwoConnectionsHalveTheRate) {
   EXPECT_EQ(Share(a), kRate / 2);
   EXPECT_EQ(Share(b), kRate / 2);
   EXPECT_EQ(Rate(a), kRate / 2);  // what the key's connections are paced to
-  const KeySlotShm& key = a.zone->key(a.key);
+  const KeySlotShm& key = a.zone->keys().slot(a.key);
   EXPECT_EQ(key.cluster_active.load(), 4u);
   EXPECT_EQ(key.cluster_hosts.load(), 2u);
-  const ClusterShm& c = a.zone->cluster();
+  const ClusterShm& c = a.zone->settings().cluster();
   EXPECT_EQ(c.state.load(), kClusterConnected);
   EXPECT_EQ(c.peers.load(), 1u);
   EXPECT_GE(c.exchanges.load(), 3u);
@@ -174,16 +174,16 @@ TEST_F(ClusterAgentTest, TwoAndTwoConnectionsHalveTheRate) {
 TEST_F(ClusterAgentTest, ARuleIsTheSameKeyOnEveryHostWhateverItsPlace) {
   Host& a = AddHost("a");
   Host& b = AddHost("b");
-  a.zone->SetRule(1, "downloads", kRate, 0, KeySpec());
-  b.zone->SetRule(3, "downloads", kRate, 0, KeySpec());
-  b.zone->SetRule(1, "api", kRate, 0, KeySpec());
+  a.zone->settings().SetRule(1, "downloads", kRate, 0, KeySpec());
+  b.zone->settings().SetRule(3, "downloads", kRate, 0, KeySpec());
+  b.zone->settings().SetRule(1, "api", kRate, 0, KeySpec());
   Send(a, 1, 1);
   Send(b, 3, 3);
   Exchange();
   EXPECT_EQ(Share(a), kRate / 4);
   EXPECT_EQ(Share(b), kRate * 3 / 4);
   Host& c = AddHost("c");
-  c.zone->SetRule(1, "api", kRate, 0, KeySpec());
+  c.zone->settings().SetRule(1, "api", kRate, 0, KeySpec());
   Send(c, 1, 1);  // another rule: another key
   Exchange();
   EXPECT_EQ(Rate(c), kRate);
@@ -205,7 +205,7 @@ TEST_F(ClusterAgentTest, SharesFollowTheConnectionsOnEachHost) {
   EXPECT_EQ(Share(a), kRate * 3 / 8);
   EXPECT_EQ(Share(b), kRate / 8);
   EXPECT_EQ(Share(c), kRate / 2);
-  EXPECT_EQ(a.zone->cluster().peers.load(), 2u);
+  EXPECT_EQ(a.zone->settings().cluster().peers.load(), 2u);
 }
 
 TEST_F(ClusterAgentTest, AKeyOnOneHostOnlyKeepsTheWholeRate) {
@@ -214,7 +214,7 @@ TEST_F(ClusterAgentTest, AKeyOnOneHostOnlyKeepsTheWholeRate) {
   Send(a, 2);
   Exchange();
   EXPECT_EQ(Rate(a), kRate);
-  EXPECT_EQ(b.zone->cluster().peers.load(), 1u);
+  EXPECT_EQ(b.zone->settings().cluster().peers.load(), 1u);
 }
 
 TEST_F(ClusterAgentTest, AHostThatStopsHandsItsShareOver) {
@@ -235,7 +235,7 @@ TEST_F(ClusterAgentTest, AHostThatStopsHandsItsShareOver) {
       },
       3 * kNsPerSec));
   EXPECT_LT(MonotonicNowNs() - start, kNsPerSec);
-  EXPECT_EQ(a.zone->cluster().peers.load(), 0u);
+  EXPECT_EQ(a.zone->settings().cluster().peers.load(), 0u);
 }
 
 TEST_F(ClusterAgentTest, FallsBackWhileRedisIsAwayAndRecovers) {
@@ -248,7 +248,7 @@ TEST_F(ClusterAgentTest, FallsBackWhileRedisIsAwayAndRecovers) {
   redis_->Stop();
   const int64_t stopped = MonotonicNowNs();
   ASSERT_TRUE(a.agent->PassForTesting(a.proc, stopped));
-  const ClusterShm& c = a.zone->cluster();
+  const ClusterShm& c = a.zone->settings().cluster();
   EXPECT_EQ(c.state.load(), kClusterFallback);
   EXPECT_EQ(c.fallbacks.load(), 1u);
   EXPECT_GE(c.failures.load(), 1u);
@@ -277,7 +277,8 @@ TEST_F(ClusterAgentTest, AStaleAgentLeavesEveryKeyItsRulesRate) {
   Exchange();
   ASSERT_EQ(Rate(a), kRate / 2);
   // No pass for longer than kClusterStaleNs: the agent is gone.
-  a.zone->cluster().beat_ns.store(MonotonicNowNs() - kClusterStaleNs - 1);
+  a.zone->settings().cluster().beat_ns.store(MonotonicNowNs() -
+                                             kClusterStaleNs - 1);
   EXPECT_EQ(Share(a), kRate / 2);
   EXPECT_EQ(Rate(a), kRate);
 }
@@ -301,12 +302,12 @@ TEST_F(ClusterAgentTest, OneProcessPerZoneHoldsTheLease) {
 TEST_F(ClusterAgentTest, ALeaseEndingTooFarAheadIsTakenOver) {
   Host& a = AddHost("a");
   const int64_t now = MonotonicNowNs();
-  a.zone->cluster().lease.store(~uint64_t{0});
+  a.zone->settings().cluster().lease.store(~uint64_t{0});
   EXPECT_TRUE(a.agent->PassForTesting(a.proc, now));
   // One a live holder could have written is respected.
   const uint64_t other = uint64_t{a.proc + 2} << 48;
   const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
-  a.zone->cluster().lease.store(other | (now_ms + 400));
+  a.zone->settings().cluster().lease.store(other | (now_ms + 400));
   EXPECT_FALSE(a.agent->PassForTesting(a.proc, now));
 }
 
@@ -323,7 +324,7 @@ TEST_F(ClusterAgentTest, ALeaseOfADeadProcessIsTakenAtTheNextPoll) {
     {
       ZoneLock lock(*a.zone);
       ASSERT_TRUE(lock.ok());
-      slot = a.zone->ClaimProcLocked(getpid(), 2, &liveness);
+      slot = a.zone->procs().ClaimLocked(getpid(), 2, &liveness);
     }
     while (!die.load()) SleepNs(kNsPerMs);
     // Ends without releasing it: the kernel marks it owner-died.
@@ -331,8 +332,8 @@ TEST_F(ClusterAgentTest, ALeaseOfADeadProcessIsTakenAtTheNextPoll) {
   ASSERT_TRUE(PollUntil([&] { return slot.load() != kNoSlot; }, kNsPerSec));
   const int64_t now = MonotonicNowNs();
   const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
-  a.zone->cluster().lease.store(uint64_t{slot.load() + 1} << 48 |
-                                (now_ms + 400));
+  a.zone->settings().cluster().lease.store(uint64_t{slot.load() + 1} << 48 |
+                                           (now_ms + 400));
   a.agent->Poll(a.proc, now);
   EXPECT_FALSE(a.agent->running()) << "the holder is alive";
   die = true;
@@ -355,7 +356,7 @@ TEST_F(ClusterAgentTest, ATakeOverKeepsTheSharesFromItsFirstPass) {
   const uint32_t other = ClaimProc(*a.zone, 2);
   ClusterAgent successor(a.zone.get(), &logger_, Options("a"));
   // The holder stops; its lease (500 ms) runs out.
-  a.zone->key(a.key).cluster_share.store(0);
+  a.zone->keys().slot(a.key).cluster_share.store(0);
   ASSERT_TRUE(
       successor.PassForTesting(other, MonotonicNowNs() + 600 * kNsPerMs));
   EXPECT_EQ(Share(a), kRate / 2);
@@ -373,7 +374,8 @@ TEST_F(ClusterAgentTest, TheThreadExchangesEveryTick) {
   EXPECT_TRUE(PollUntil([&] { return Rate(a) == kRate / 2; }, 3 * kNsPerSec));
   EXPECT_TRUE(PollUntil([&] { return Rate(b) == kRate / 2; }, 3 * kNsPerSec));
   EXPECT_TRUE(PollUntil(
-      [&] { return a.zone->cluster().exchanges.load() >= 10; }, 3 * kNsPerSec));
+      [&] { return a.zone->settings().cluster().exchanges.load() >= 10; },
+      3 * kNsPerSec));
   a.agent.reset();  // joins its thread
   b.agent.reset();
 }

@@ -259,8 +259,8 @@ inline void PrepareMutexes(Zone& zone, uint8_t flags) {
   InitRobust(&lock);
   if (flags & kFlagOwnerDied) LockWord(lock) = FUTEX_OWNER_DIED;
   if ((flags & kFlagLockHeld) && FuzzHeldLock()) LockWord(lock) = kForeignTid;
-  for (uint32_t i = 0; i < zone.proc_capacity(); ++i) {
-    pthread_mutex_t& liveness = zone.proc(i).liveness;
+  for (uint32_t i = 0; i < zone.procs().capacity(); ++i) {
+    pthread_mutex_t& liveness = zone.procs().slot(i).liveness;
     const int word = LockWord(liveness);
     InitRobust(&liveness);
     LockWord(liveness) = word;
@@ -312,7 +312,7 @@ inline std::unique_ptr<Zone> AttachRawImage(const ZoneInput& in,
           ? Zone::OpenOrCreate(name, kFuzzZoneSize, in.rate_bytes_per_sec,
                                in.key_spec)
           : Zone::Attach(name);
-  (void)Zone::Unlink(name);
+  (void)ZoneSegment::Unlink(name);
   if (!zone.ok()) {
     CheckAttachError(zone.status());
     // To see why a seed is refused: TRAFFICRATE_FUZZ_DEBUG=1 zone_fuzz SEED
@@ -327,10 +327,10 @@ inline std::unique_ptr<Zone> OpenAndOverwrite(const ZoneInput& in,
                                               const std::string& name) {
   absl::StatusOr<std::unique_ptr<Zone>> opened = Zone::OpenOrCreate(
       name, kFuzzZoneSize, in.rate_bytes_per_sec, in.key_spec);
-  (void)Zone::Unlink(name);
+  (void)ZoneSegment::Unlink(name);
   if (!opened.ok()) return nullptr;  // /dev/shm full: nothing to fuzz
   std::unique_ptr<Zone> zone = *std::move(opened);
-  zone->SetShare(
+  zone->settings().SetShare(
       in.flags & kFlagBudget ? ShareMode::kBudget : ShareMode::kEqual, 0);
   std::memcpy(zone->header().hash_seed, in.hash_seed, sizeof(in.hash_seed));
   uint8_t* base = ZoneBytes(*zone);
@@ -358,7 +358,7 @@ inline std::unique_ptr<Zone> OpenAndOverwrite(const ZoneInput& in,
 // null if it cannot be attached (the error was checked).
 inline std::unique_ptr<Zone> BuildZone(const ZoneInput& in,
                                        const std::string& name) {
-  (void)Zone::Unlink(name);  // left by an earlier crash
+  (void)ZoneSegment::Unlink(name);  // left by an earlier crash
   std::unique_ptr<Zone> zone = in.mode == InputMode::kRawImage
                                    ? AttachRawImage(in, name)
                                    : OpenAndOverwrite(in, name);
@@ -366,12 +366,12 @@ inline std::unique_ptr<Zone> BuildZone(const ZoneInput& in,
   return zone;
 }
 
-// Unlocks the liveness mutexes ClaimProcLocked left held, so that none is
-// on this thread's robust list when the zone is unmapped.
+// Unlocks the liveness mutexes ProcTable::ClaimLocked left held, so that none
+// is on this thread's robust list when the zone is unmapped.
 inline void ReleaseClaimedProcs(Zone& zone,
                                 const std::vector<uint32_t>& claimed) {
   for (const uint32_t p : claimed) {
-    pthread_mutex_unlock(&zone.proc(p).liveness);
+    pthread_mutex_unlock(&zone.procs().slot(p).liveness);
   }
 }
 

@@ -69,10 +69,10 @@ struct SeedZone {
 
 bool MakeZone(bool budget, SeedZone* out) {
   const std::string name = absl::StrCat("seed", getpid());
-  (void)Zone::Unlink(name);
+  (void)ZoneSegment::Unlink(name);
   absl::StatusOr<std::unique_ptr<Zone>> opened =
       Zone::OpenOrCreate(name, kFuzzZoneSize, kSeedRate);
-  (void)Zone::Unlink(name);
+  (void)ZoneSegment::Unlink(name);
   if (!opened.ok()) {
     std::fprintf(stderr, "%s\n", opened.status().ToString().c_str());
     return false;
@@ -80,38 +80,38 @@ bool MakeZone(bool budget, SeedZone* out) {
   Zone& zone = **opened;
   // A fixed seed, so that the chains are the same in every run.
   std::memcpy(zone.header().hash_seed, kSeedHash, sizeof(kSeedHash));
-  if (budget) zone.SetShare(ShareMode::kBudget, 0);
+  if (budget) zone.settings().SetShare(ShareMode::kBudget, 0);
   std::vector<uint32_t> procs;
   {
     ZoneLock lock(zone);
     if (!lock.ok()) return false;
     for (int32_t pid : {4101, 4102, 4103}) {
-      procs.push_back(zone.ClaimProcLocked(pid, 1000 * kNsPerSec));
+      procs.push_back(zone.procs().ClaimLocked(pid, 1000 * kNsPerSec));
     }
     std::vector<uint32_t> keys;
     uint8_t key[kKeyBytes];
     for (uint8_t last = 2; last <= 5; ++last) {
       V4Key(last, key);
-      keys.push_back(zone.FindOrInsertKeyLocked(key, 1000 * kNsPerSec));
+      keys.push_back(zone.keys().FindOrInsertLocked(key, 1000 * kNsPerSec));
     }
     uint8_t v6[kKeyBytes] = {0x20, 0x01, 0x0d, 0xb8};
     v6[15] = 1;
-    keys.push_back(zone.FindOrInsertKeyLocked(v6, 1000 * kNsPerSec));
+    keys.push_back(zone.keys().FindOrInsertLocked(v6, 1000 * kNsPerSec));
     for (uint32_t i = 0; i < 9; ++i) {
       uint8_t peer[16] = {};
-      std::memcpy(peer, zone.key(keys[i % keys.size()]).key, 16);
-      const uint32_t c = zone.RegisterConnLocked(
+      std::memcpy(peer, zone.keys().slot(keys[i % keys.size()]).key, 16);
+      const uint32_t c = zone.conns().RegisterLocked(
           keys[i % keys.size()], procs[i % procs.size()],
           static_cast<int>(10 + i), peer, static_cast<uint16_t>(40000 + i));
       if (c == kNoSlot) return false;
-      zone.conn(c).bytes_sent.store(1000 * (i + 1));
-      if (i % 3 != 2) zone.JoinLocked(c);
-      zone.conn(c).share_bytes_per_sec.store(kSeedRate / 3);
+      zone.conns().slot(c).bytes_sent.store(1000 * (i + 1));
+      if (i % 3 != 2) zone.conns().JoinLocked(c);
+      zone.conns().slot(c).share_bytes_per_sec.store(kSeedRate / 3);
     }
   }
-  if (budget) zone.SetUnderPace(0, true);
-  zone.proc(procs[0]).watcher_cpu.store(150);
-  zone.proc(procs[0]).watcher_stretch.store(100);
+  if (budget) zone.conns().SetUnderPace(0, true);
+  zone.procs().slot(procs[0]).watcher_cpu.store(150);
+  zone.procs().slot(procs[0]).watcher_stretch.store(100);
   const uint8_t* base = ZoneBytes(zone);
   out->image.assign(base, base + kFuzzZoneSize);
   std::memcpy(out->hash_seed, kSeedHash, sizeof(kSeedHash));
@@ -125,7 +125,8 @@ bool MakeZone(bool budget, SeedZone* out) {
   std::memcpy(&lock_word, out->image.data() + word, sizeof(lock_word));
   lock_word |= FUTEX_OWNER_DIED;
   std::memcpy(out->image.data() + word, &lock_word, sizeof(lock_word));
-  for (const uint32_t p : procs) pthread_mutex_unlock(&zone.proc(p).liveness);
+  for (const uint32_t p : procs)
+    pthread_mutex_unlock(&zone.procs().slot(p).liveness);
   return true;
 }
 

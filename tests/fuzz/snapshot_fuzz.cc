@@ -26,16 +26,16 @@ namespace fuzz {
 namespace {
 
 void CheckSnapshot(const Zone& zone, const ZoneSnapshot& snap) {
-  TRAFFICRATE_FUZZ_CHECK(snap.keys.size() <= zone.key_capacity());
-  TRAFFICRATE_FUZZ_CHECK(snap.connections.size() <= zone.conn_capacity());
-  TRAFFICRATE_FUZZ_CHECK(snap.processes.size() <= zone.proc_capacity());
+  TRAFFICRATE_FUZZ_CHECK(snap.keys.size() <= zone.keys().capacity());
+  TRAFFICRATE_FUZZ_CHECK(snap.connections.size() <= zone.conns().capacity());
+  TRAFFICRATE_FUZZ_CHECK(snap.processes.size() <= zone.procs().capacity());
   TRAFFICRATE_FUZZ_CHECK(LiveProcesses(snap) <= snap.processes.size());
   TRAFFICRATE_FUZZ_CHECK(ActiveConnections(snap) <= snap.connections.size());
   for (const ConnSnapshot& c : snap.connections) {
-    TRAFFICRATE_FUZZ_CHECK(c.index < zone.conn_capacity());
+    TRAFFICRATE_FUZZ_CHECK(c.index < zone.conns().capacity());
   }
   for (const ProcSnapshot& p : snap.processes) {
-    TRAFFICRATE_FUZZ_CHECK(p.index < zone.proc_capacity());
+    TRAFFICRATE_FUZZ_CHECK(p.index < zone.procs().capacity());
   }
 }
 

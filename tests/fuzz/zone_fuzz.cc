@@ -62,13 +62,13 @@ class Runner {
     return b % capacity;
   }
   uint32_t KeyIndex(Script& s) {
-    return IndexOf(s.Next(), zone_.key_capacity(), last_key_);
+    return IndexOf(s.Next(), zone_.keys().capacity(), last_key_);
   }
   uint32_t ConnIndex(Script& s) {
-    return IndexOf(s.Next(), zone_.conn_capacity(), last_conn_);
+    return IndexOf(s.Next(), zone_.conns().capacity(), last_conn_);
   }
   uint32_t ProcIndex(Script& s) {
-    return IndexOf(s.Next(), zone_.proc_capacity(), last_proc_);
+    return IndexOf(s.Next(), zone_.procs().capacity(), last_proc_);
   }
 
   // Key bytes: 127.0.0.b (v4-mapped), or a copy of a slot's key (high bit),
@@ -76,7 +76,8 @@ class Runner {
   void KeyBytes(Script& s, uint8_t out[kKeyBytes]) {
     const uint8_t b = s.Next();
     if (b & 0x80) {
-      const KeySlotShm& k = zone_.key((b & 0x7f) % zone_.key_capacity());
+      const KeySlotShm& k =
+          zone_.keys().slot((b & 0x7f) % zone_.keys().capacity());
       for (size_t i = 0; i < kKeyBytes; ++i) {
         out[i] = __atomic_load_n(&k.key[i], __ATOMIC_RELAXED);
       }
@@ -102,9 +103,9 @@ class Runner {
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
         const uint32_t k = op == kFindKey
-                               ? zone_.FindKeyLocked(key)
-                               : zone_.FindOrInsertKeyLocked(key, now_ns_);
-        CheckSlot(k, zone_.key_capacity());
+                               ? zone_.keys().FindLocked(key)
+                               : zone_.keys().FindOrInsertLocked(key, now_ns_);
+        CheckSlot(k, zone_.keys().capacity());
         if (k != kNoSlot) last_key_ = k;
         return;
       }
@@ -117,8 +118,8 @@ class Runner {
         peer[15] = s.Next();
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
-        const uint32_t c = zone_.RegisterConnLocked(k, p, fd, peer, 40000);
-        CheckSlot(c, zone_.conn_capacity());
+        const uint32_t c = zone_.conns().RegisterLocked(k, p, fd, peer, 40000);
+        CheckSlot(c, zone_.conns().capacity());
         if (c != kNoSlot) last_conn_ = c;
         return;
       }
@@ -129,11 +130,11 @@ class Runner {
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
         if (op == kJoin) {
-          (void)zone_.JoinLocked(c);
+          (void)zone_.conns().JoinLocked(c);
         } else if (op == kLeave) {
-          (void)zone_.LeaveLocked(c);
+          (void)zone_.conns().LeaveLocked(c);
         } else {
-          (void)zone_.DeregisterConnLocked(c);
+          (void)zone_.conns().DeregisterLocked(c);
         }
         return;
       }
@@ -143,27 +144,27 @@ class Runner {
         const int fd = s.Next();
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
-        zone_.TransferConnLocked(c, p, fd);
+        zone_.conns().TransferLocked(c, p, fd);
         return;
       }
       case kSetUnderPace: {
         const uint32_t c = ConnIndex(s);
-        zone_.SetUnderPace(c, s.Next() & 1);
+        zone_.conns().SetUnderPace(c, s.Next() & 1);
         return;
       }
       case kReleaseKey: {
         const uint32_t k = KeyIndex(s);
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
-        zone_.ReleaseKeyIfUnusedLocked(k);
+        zone_.keys().ReleaseIfUnusedLocked(k);
         return;
       }
       case kClaimProc: {
         const int32_t pid = 1000 + s.Next();
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
-        const uint32_t p = zone_.ClaimProcLocked(pid, now_ns_);
-        CheckSlot(p, zone_.proc_capacity());
+        const uint32_t p = zone_.procs().ClaimLocked(pid, now_ns_);
+        CheckSlot(p, zone_.procs().capacity());
         if (p != kNoSlot) {
           claimed_.push_back(p);
           last_proc_ = p;
@@ -175,15 +176,15 @@ class Runner {
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
         uint32_t conns = 0;
-        (void)zone_.ReapIfDeadLocked(p, &conns);
-        TRAFFICRATE_FUZZ_CHECK(conns <= zone_.conn_capacity());
+        (void)zone_.procs().ReapIfDeadLocked(p, &conns);
+        TRAFFICRATE_FUZZ_CHECK(conns <= zone_.conns().capacity());
         return;
       }
       case kReapDead: {
         uint32_t procs = 0;
         const uint32_t conns = zone_.ReapDead(&procs);
-        TRAFFICRATE_FUZZ_CHECK(conns <= zone_.conn_capacity());
-        TRAFFICRATE_FUZZ_CHECK(procs <= zone_.proc_capacity());
+        TRAFFICRATE_FUZZ_CHECK(conns <= zone_.conns().capacity());
+        TRAFFICRATE_FUZZ_CHECK(procs <= zone_.procs().capacity());
         return;
       }
       case kRepair: {
@@ -194,38 +195,39 @@ class Runner {
       }
       case kSetShare: {
         const uint8_t b = s.Next();
-        zone_.SetShare(b & 1 ? ShareMode::kBudget : ShareMode::kEqual,
-                       b & 2 ? uint64_t{b} << 12 : 0);
+        zone_.settings().SetShare(
+            b & 1 ? ShareMode::kBudget : ShareMode::kEqual,
+            b & 2 ? uint64_t{b} << 12 : 0);
         return;
       }
       case kSetRate:
-        zone_.SetRate((uint64_t{s.Next()} << 16) + 1);
+        zone_.settings().SetRate((uint64_t{s.Next()} << 16) + 1);
         return;
       case kSnapshot: {
         absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(zone_);
         if (snap.ok()) {
-          TRAFFICRATE_FUZZ_CHECK(snap->keys.size() <= zone_.key_capacity());
+          TRAFFICRATE_FUZZ_CHECK(snap->keys.size() <= zone_.keys().capacity());
           TRAFFICRATE_FUZZ_CHECK(snap->connections.size() <=
-                                 zone_.conn_capacity());
+                                 zone_.conns().capacity());
           TRAFFICRATE_FUZZ_CHECK(snap->processes.size() <=
-                                 zone_.proc_capacity());
+                                 zone_.procs().capacity());
         }
         return;
       }
       case kReads: {
-        const KeySpec spec = zone_.key_spec();
+        const KeySpec spec = zone_.settings().key_spec();
         (void)DescribeKeySpec(spec);
-        const BudgetSettings settings = zone_.budget_settings();
+        const BudgetSettings settings = zone_.settings().budget_settings();
         (void)settings;
-        (void)zone_.share_mode();
-        (void)zone_.burst_bytes();
-        (void)zone_.ChangeWord();
+        (void)zone_.settings().share_mode();
+        (void)zone_.settings().burst_bytes();
+        (void)zone_.changes().Current();
         uint8_t key[kKeyBytes];
         KeyBytes(s, key);
-        TRAFFICRATE_FUZZ_CHECK(zone_.BucketOf(key) <
+        TRAFFICRATE_FUZZ_CHECK(zone_.keys().BucketOf(key) <
                                ComputeZoneGeometry(kFuzzZoneSize).bucket_count);
-        (void)Zone::ProcMaybeDead(
-            zone_.proc(ProcIndex(s) % zone_.proc_capacity()));
+        (void)ProcTable::MaybeDead(
+            zone_.procs().slot(ProcIndex(s) % zone_.procs().capacity()));
         now_ns_ += kNsPerMs * s.Next();
         return;
       }
@@ -239,26 +241,26 @@ class Runner {
         const uint32_t p = ProcIndex(s);
         const uint32_t cookie = s.Next();
         if (what == 4) {
-          (void)zone_.MayHaveHandoff(inode);
-          (void)zone_.HasOldHandoffs(p, now_ns_);
-          (void)zone_.MayBeHandedOff(c, cookie);
+          (void)zone_.handoffs().MayHave(inode);
+          (void)zone_.handoffs().HasOld(p, now_ns_);
+          (void)zone_.handoffs().MayBeHandedOff(c, cookie);
           return;
         }
         ZoneLock lock(zone_);
         if (!lock.ok()) return;
         if (what == 0) {
-          (void)zone_.PublishHandoffLocked(inode, c, cookie, p, now_ns_);
+          (void)zone_.handoffs().PublishLocked(inode, c, cookie, p, now_ns_);
         } else if (what == 1) {
           uint32_t got = 0;
-          CheckSlot(zone_.TakeHandoffLocked(inode, &got),
-                    zone_.conn_capacity());
+          CheckSlot(zone_.handoffs().TakeLocked(inode, &got),
+                    zone_.conns().capacity());
         } else if (what == 2) {
-          zone_.WithdrawHandoffLocked(inode, p);
+          zone_.handoffs().WithdrawLocked(inode, p);
         } else {
           uint64_t out[kMinHandoffSlots];
-          TRAFFICRATE_FUZZ_CHECK(
-              zone_.ExpireHandoffsLocked(p, now_ns_, out, kMinHandoffSlots) <=
-              kMinHandoffSlots);
+          TRAFFICRATE_FUZZ_CHECK(zone_.handoffs().ExpireLocked(
+                                     p, now_ns_, out, kMinHandoffSlots) <=
+                                 kMinHandoffSlots);
         }
         return;
       }
@@ -270,14 +272,14 @@ class Runner {
   // What the lease holder's watcher does for a key (Governor::DecideKey),
   // without the lease: the controller on the state the zone holds.
   void BudgetTickOf(uint32_t key_index, uint8_t packet, uint8_t advance_ms) {
-    if (key_index >= zone_.key_capacity()) return;
+    if (key_index >= zone_.keys().capacity()) return;
     now_ns_ += kNsPerMs * advance_ms;
-    KeySlotShm& key = zone_.key(key_index);
+    KeySlotShm& key = zone_.keys().slot(key_index);
     BudgetState state = LoadBudget(key);
     const uint64_t published = state.level_bytes_per_sec;
     const uint64_t pending = key.start_pending.load(std::memory_order_relaxed);
     const uint32_t active = key.active.load(std::memory_order_relaxed);
-    const BudgetSettings settings = zone_.budget_settings();
+    const BudgetSettings settings = zone_.settings().budget_settings();
     const BudgetInput input = {
         now_ns_,          key.sent_bytes.load(std::memory_order_relaxed),
         active,           uint32_t{packet} << 8,
@@ -311,9 +313,9 @@ int FuzzOne(const uint8_t* data, size_t size) {
   // Whatever the image said, the geometry in use is the one validated at
   // attach (every zone that attaches here is kFuzzZoneSize bytes).
   const ZoneGeometry g = ComputeZoneGeometry(kFuzzZoneSize);
-  TRAFFICRATE_FUZZ_CHECK(zone->key_capacity() == g.key_capacity);
-  TRAFFICRATE_FUZZ_CHECK(zone->conn_capacity() == g.conn_capacity);
-  TRAFFICRATE_FUZZ_CHECK(zone->proc_capacity() == g.proc_capacity);
+  TRAFFICRATE_FUZZ_CHECK(zone->keys().capacity() == g.key_capacity);
+  TRAFFICRATE_FUZZ_CHECK(zone->conns().capacity() == g.conn_capacity);
+  TRAFFICRATE_FUZZ_CHECK(zone->procs().capacity() == g.proc_capacity);
   Script script(in.script);
   Runner(*zone).Run(script);
   return 0;

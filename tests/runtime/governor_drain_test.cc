@@ -88,8 +88,8 @@ class GovernorDrainTest : public testing_util::GovernorFixture {
   void SetUp() override {
     GovernorFixture::SetUp();
     StartGovernor();
-    zone_->SetShare(ShareMode::kBudget, 0);
-    zone_->SetRate(kSlowRate);
+    zone_->settings().SetShare(ShareMode::kBudget, 0);
+    zone_->settings().SetRate(kSlowRate);
   }
 
   // An accepted connection with kQueued bytes handed to its socket (a send
@@ -144,7 +144,7 @@ TEST_F(GovernorDrainTest, KeptSocketTakesALevelChange) {
   const Closed k = QueuedAndClosed();
   ASSERT_GE(k.kept, 0);
   // An orphaned socket would send the rest at the old rate for good.
-  zone_->SetRate(4 * kSlowRate);
+  zone_->settings().SetRate(4 * kSlowRate);
   EXPECT_TRUE(PollUntil([&] { return Pacing(k.kept) == 4 * kSlowRate; }))
       << Pacing(k.kept);
   const Received got = ReadAll(k.conn.client);
@@ -158,7 +158,7 @@ TEST_F(GovernorDrainTest, DrainEndsAfterAnotherProcessSwitchesToEqualShares) {
   // Another process of the zone starts with TRAFFICRATE_SHARE=equal: the
   // budget's ticks stop, but the kept socket is still closed once sent,
   // and the connection leaves its key.
-  zone_->SetShare(ShareMode::kEqual, 0);
+  zone_->settings().SetShare(ShareMode::kEqual, 0);
   const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);

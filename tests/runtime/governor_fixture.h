@@ -206,20 +206,23 @@ class GovernorFixture : public ZoneNameFixture {
     const uint64_t state = table_->Get(fd)->state.load();
     return state == 0 ? kNoSlot : StateConn(state);
   }
-  const ConnSlotShm& ConnOf(int fd) const { return zone_->conn(ConnIndex(fd)); }
+  const ConnSlotShm& ConnOf(int fd) const {
+    return zone_->conns().slot(ConnIndex(fd));
+  }
   uint32_t KeyIndex(int fd) const {
     const uint32_t conn = ConnIndex(fd);
-    return conn == kNoSlot ? kNoSlot : zone_->conn(conn).key_index.load();
+    return conn == kNoSlot ? kNoSlot
+                           : zone_->conns().slot(conn).key_index.load();
   }
   uint32_t Active(int fd) const {
     const uint32_t k = KeyIndex(fd);
-    return k == kNoSlot ? 0 : zone_->key(k).active.load();
+    return k == kNoSlot ? 0 : zone_->keys().slot(k).active.load();
   }
   uint32_t Refs(int fd) const {
     const uint32_t k = KeyIndex(fd);
     if (k == kNoSlot) return 0;
     ZoneLock lock(*zone_);
-    return zone_->key(k).refs.load();
+    return zone_->keys().slot(k).refs.load();
   }
   uint32_t ConnsUsed() const {
     ZoneLock lock(*zone_);

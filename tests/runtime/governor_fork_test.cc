@@ -76,8 +76,8 @@ TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
     TRAFFICRATE_CHILD_CHECK(sent == 1);
     const uint32_t me = gov_->proc_index();
     TRAFFICRATE_CHILD_CHECK(me != kNoSlot && me != parent_proc);
-    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).proc_index.load() == me);
-    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).active.load() == 1);
+    TRAFFICRATE_CHILD_CHECK(zone_->conns().slot(conn).proc_index.load() == me);
+    TRAFFICRATE_CHILD_CHECK(zone_->conns().slot(conn).active.load() == 1);
     TRAFFICRATE_CHILD_CHECK(Pacing(c.server) == kRate);
     WriteByte(ready.write_end());
     TRAFFICRATE_CHILD_CHECK(ReadByte(finish.read_end()));
@@ -88,9 +88,9 @@ TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
   finish.CloseRead();
   ready.CloseWrite();
   ASSERT_TRUE(ReadByte(ready.read_end())) << "child failed early";
-  const uint32_t owner = zone_->conn(conn).proc_index.load();
+  const uint32_t owner = zone_->conns().slot(conn).proc_index.load();
   EXPECT_NE(owner, parent_proc);
-  EXPECT_EQ(zone_->proc(owner).pid.load(), pid);
+  EXPECT_EQ(zone_->procs().slot(owner).pid.load(), pid);
   EXPECT_EQ(ConnsUsed(), 1u);
   EXPECT_EQ(Refs(c.server), 1u);
   EXPECT_EQ(Active(c.server), 1u) << "counted once, by the child";
@@ -98,7 +98,7 @@ TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
   const uint32_t key = KeyIndex(c.server);
   CloseServer(c.server);
   EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
   WriteByte(finish.write_end());
   EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
   EXPECT_EQ(ConnsUsed(), 0u) << "the owner's close deregistered it";
@@ -145,9 +145,9 @@ TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
     TRAFFICRATE_CHILD_CHECK(sent == 1);
     const uint32_t me = gov_->proc_index();
     TRAFFICRATE_CHILD_CHECK(me != kNoSlot && me != parent_proc);
-    TRAFFICRATE_CHILD_CHECK(zone_->proc(me).pid.load() == getpid());
-    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).proc_index.load() == me);
-    TRAFFICRATE_CHILD_CHECK(zone_->conn(conn).active.load() == 1);
+    TRAFFICRATE_CHILD_CHECK(zone_->procs().slot(me).pid.load() == getpid());
+    TRAFFICRATE_CHILD_CHECK(zone_->conns().slot(conn).proc_index.load() == me);
+    TRAFFICRATE_CHILD_CHECK(zone_->conns().slot(conn).active.load() == 1);
     TRAFFICRATE_CHILD_CHECK(Pacing(c.server) == kRate);
     WriteByte(ready.write_end());
     TRAFFICRATE_CHILD_CHECK(ReadByte(finish.read_end()));
@@ -158,9 +158,9 @@ TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
   finish.CloseRead();
   ready.CloseWrite();
   ASSERT_TRUE(ReadByte(ready.read_end())) << "child failed early";
-  const uint32_t owner = zone_->conn(conn).proc_index.load();
+  const uint32_t owner = zone_->conns().slot(conn).proc_index.load();
   EXPECT_NE(owner, parent_proc);
-  EXPECT_EQ(zone_->proc(owner).pid.load(), pid);
+  EXPECT_EQ(zone_->procs().slot(owner).pid.load(), pid);
   EXPECT_EQ(Active(c.server), 1u) << "counted once, by the child";
   CloseServer(c.server);
   EXPECT_EQ(ConnsUsed(), 1u) << "the parent's close leaves it to its owner";
@@ -193,17 +193,17 @@ TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
       ZoneLock lock(*zone_);
       TRAFFICRATE_CHILD_CHECK(lock.ok());
     }
-    TRAFFICRATE_CHILD_CHECK(!zone_->corrupt());
+    TRAFFICRATE_CHILD_CHECK(!zone_->segment().corrupt());
     const Conn c = Open("127.0.0.2");
     TRAFFICRATE_CHILD_CHECK(c.server >= 0 && Send(c.server) == 100);
     TRAFFICRATE_CHILD_CHECK(gov_->proc_index() != kNoSlot);
-    TRAFFICRATE_CHILD_CHECK(!zone_->corrupt());
+    TRAFFICRATE_CHILD_CHECK(!zone_->segment().corrupt());
     _exit(0);
   });
   fresh.join();
   ASSERT_GT(pid, 0);
   EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
-  EXPECT_TRUE(zone_->CheckHeader()) << "the zone is sound";
+  EXPECT_TRUE(zone_->segment().CheckHeader()) << "the zone is sound";
 }
 
 // Python's subprocess starts its children with vfork and, in the child,
@@ -295,10 +295,10 @@ TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
   gov_->BeforeSend(sending.server);
   const uint32_t proc = gov_->proc_index();
   ASSERT_NE(proc, kNoSlot);
-  EXPECT_FALSE(Zone::ProcMaybeDead(zone_->proc(proc)));
+  EXPECT_FALSE(ProcTable::MaybeDead(zone_->procs().slot(proc)));
   gov_->StopWatcher();
   EXPECT_EQ(gov_->proc_index(), kNoSlot);
-  EXPECT_TRUE(Zone::ProcMaybeDead(zone_->proc(proc)));
+  EXPECT_TRUE(ProcTable::MaybeDead(zone_->procs().slot(proc)));
   EXPECT_EQ(ConnsUsed(), 2u) << "nothing is released until a reaper runs";
 
   std::unique_ptr<FdTable> other_table(FdTable::Create(kTableSize));
@@ -313,8 +313,8 @@ TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
   EXPECT_EQ(KeysUsed(), 0u);
   EXPECT_EQ(zone_->header().procs_reaped.load(), 1u);
   EXPECT_EQ(zone_->header().conns_reaped.load(), 2u);
-  EXPECT_EQ(zone_->proc(proc).state.load(), kProcFree);
-  EXPECT_FALSE(Zone::ProcMaybeDead(zone_->proc(other_proc)));
+  EXPECT_EQ(zone_->procs().slot(proc).state.load(), kProcFree);
+  EXPECT_FALSE(ProcTable::MaybeDead(zone_->procs().slot(other_proc)));
 
   // The stopped process sends again: it registers anew and is counted.
   gov_->BeforeSend(sending.server);
@@ -402,24 +402,24 @@ TEST_F(GovernorTest,
     const ZoneHeaderShm& h = zone_->header();
     EXPECT_EQ(h.conns_used, uint32_t{kSockets});
     EXPECT_LE(h.keys_used, 2u);
-    std::vector<uint32_t> refs(zone_->key_capacity(), 0);
-    std::vector<uint32_t> active(zone_->key_capacity(), 0);
+    std::vector<uint32_t> refs(zone_->keys().capacity(), 0);
+    std::vector<uint32_t> active(zone_->keys().capacity(), 0);
     for (int i = 0; i < kSockets; ++i) {
       const uint64_t state = table_->Get(server[i].load())->state.load();
       ASSERT_NE(state, 0u) << "socket " << i << " lost its registration";
-      const ConnSlotShm& c = zone_->conn(StateConn(state));
-      EXPECT_EQ(Zone::CookieOf(c.seq.load()), StateCookie(state));
+      const ConnSlotShm& c = zone_->conns().slot(StateConn(state));
+      EXPECT_EQ(ConnTable::CookieOf(c.seq.load()), StateCookie(state));
       EXPECT_EQ(c.fd.load(), server[i].load());
       EXPECT_EQ(c.proc_index.load(), gov_->proc_index());
     }
-    for (uint32_t c = 0; c < zone_->conn_capacity(); ++c) {
-      const ConnSlotShm& slot = zone_->conn(c);
+    for (uint32_t c = 0; c < zone_->conns().capacity(); ++c) {
+      const ConnSlotShm& slot = zone_->conns().slot(c);
       if ((slot.seq.load() & 1) == 0) continue;
       ++refs[slot.key_index.load()];
       active[slot.key_index.load()] += slot.active.load();
     }
-    for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
-      const KeySlotShm& key = zone_->key(k);
+    for (uint32_t k = 0; k < zone_->keys().capacity(); ++k) {
+      const KeySlotShm& key = zone_->keys().slot(k);
       if (!key.in_use.load()) continue;
       EXPECT_EQ(key.refs.load(), refs[k]) << "key " << k;
       EXPECT_EQ(key.active.load(), active[k]) << "key " << k;
@@ -538,17 +538,17 @@ TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
     for (int i = 0; i < kSockets; ++i) {
       const uint64_t state = table_->Get(server[i])->state.load();
       ASSERT_NE(state, 0u) << "socket " << i << " lost its registration";
-      const ConnSlotShm& c = zone_->conn(StateConn(state));
-      EXPECT_EQ(Zone::CookieOf(c.seq.load()), StateCookie(state));
+      const ConnSlotShm& c = zone_->conns().slot(StateConn(state));
+      EXPECT_EQ(ConnTable::CookieOf(c.seq.load()), StateCookie(state));
       EXPECT_EQ(c.proc_index.load(), gov_->proc_index());
     }
-    std::vector<uint32_t> refs(zone_->key_capacity(), 0);
-    for (uint32_t c = 0; c < zone_->conn_capacity(); ++c) {
-      const ConnSlotShm& slot = zone_->conn(c);
+    std::vector<uint32_t> refs(zone_->keys().capacity(), 0);
+    for (uint32_t c = 0; c < zone_->conns().capacity(); ++c) {
+      const ConnSlotShm& slot = zone_->conns().slot(c);
       if ((slot.seq.load() & 1) != 0) ++refs[slot.key_index.load()];
     }
-    for (uint32_t k = 0; k < zone_->key_capacity(); ++k) {
-      const KeySlotShm& key = zone_->key(k);
+    for (uint32_t k = 0; k < zone_->keys().capacity(); ++k) {
+      const KeySlotShm& key = zone_->keys().slot(k);
       if (!key.in_use.load()) continue;
       EXPECT_EQ(key.refs.load(), refs[k]) << k;
     }

@@ -137,13 +137,16 @@ TEST_F(GovernorPassTest, PassedSocketIsGovernedByItsReceiverAndCountedOnce) {
   const uint32_t receiver = other_->proc_index();
   ASSERT_NE(receiver, kNoSlot);
   EXPECT_NE(receiver, gov_->proc_index());
-  EXPECT_EQ(zone_->conn(conn).proc_index.load(), receiver);
-  EXPECT_EQ(zone_->conn(conn).fd.load(), received_);
+  EXPECT_EQ(zone_->conns().slot(conn).proc_index.load(), receiver);
+  EXPECT_EQ(zone_->conns().slot(conn).fd.load(), received_);
   // The sender's copy closes (Node's primary does at once): nothing ends.
   CloseServer(c.server);
   EXPECT_EQ(ConnsUsed(), 1u);
   ASSERT_EQ(SendReceived(), 100);
-  EXPECT_EQ(zone_->key(zone_->conn(conn).key_index.load()).active.load(), 1u);
+  EXPECT_EQ(zone_->keys()
+                .slot(zone_->conns().slot(conn).key_index.load())
+                .active.load(),
+            1u);
   EXPECT_EQ(Pacing(received_), kRate);
   CloseReceived();
   EXPECT_EQ(ConnsUsed(), 0u) << "the receiver's close ends it";
@@ -238,10 +241,10 @@ TEST_F(GovernorPassTest, FailedSendWithdrawsTheHandoff) {
     if (::send(unix_[0], junk.data(), junk.size(), MSG_DONTWAIT) < 0) break;
   }
   ASSERT_LT(Pass(c.server, MSG_DONTWAIT), 0);
-  for (uint32_t i = 0; i < zone_->handoff_capacity(); ++i) {
-    EXPECT_EQ(zone_->handoff(i).inode.load(), 0u) << "withdrawn";
+  for (uint32_t i = 0; i < zone_->handoffs().capacity(); ++i) {
+    EXPECT_EQ(zone_->handoffs().slot(i).inode.load(), 0u) << "withdrawn";
   }
-  EXPECT_FALSE(zone_->AnyHandoffs());
+  EXPECT_FALSE(zone_->handoffs().AnyPending());
   CloseServer(c.server);
   EXPECT_EQ(ConnsUsed(), 0u) << "the sender's close ends it as usual";
 }

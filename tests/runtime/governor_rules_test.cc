@@ -48,8 +48,9 @@ GovernorOptions FileOptions(const std::string& path,
 }
 
 uint32_t RuleOfConn(const Zone& zone, uint32_t key_index) {
-  return key_index < zone.key_capacity() ? zone.RuleOf(zone.key(key_index))
-                                         : kNoSlot;
+  return key_index < zone.keys().capacity()
+             ? zone.settings().RuleOf(zone.keys().slot(key_index))
+             : kNoSlot;
 }
 
 TEST_F(GovernorRulesTest, FirstMatchingRuleDecidesAndPacesAtItsRate) {
@@ -66,10 +67,10 @@ TEST_F(GovernorRulesTest, FirstMatchingRuleDecidesAndPacesAtItsRate) {
                 port +
                 "\nkey = all\n"
                 "rate = 300000\n[never]\nlisten = 1\nrate = 5\n")));
-  EXPECT_EQ(zone_->RuleName(0), "vip");
-  const uint32_t api = zone_->FindRule("api");
+  EXPECT_EQ(zone_->settings().RuleName(0), "vip");
+  const uint32_t api = zone_->settings().FindRule("api");
   ASSERT_NE(api, kNoSlot);
-  EXPECT_EQ(zone_->RuleRate(api), 300000u);
+  EXPECT_EQ(zone_->settings().RuleRate(api), 300000u);
   const Conn vip = Open("127.0.0.4");
   const Conn a = Open("127.0.0.2");
   const Conn b = Open("127.0.0.3");
@@ -92,7 +93,7 @@ TEST_F(GovernorRulesTest, FirstMatchingRuleDecidesAndPacesAtItsRate) {
   EXPECT_EQ(Pacing(exempt.server), kNotPaced);
   EXPECT_EQ(ConnsUsed(), 3u);
   // A live change of one rule's rate reaches its sockets only.
-  zone_->SetRuleRate(api, 600000);
+  zone_->settings().SetRuleRate(api, 600000);
   EXPECT_TRUE(PacingBecomes(a.server, 300000));
   EXPECT_EQ(Pacing(vip.server), kRate);
 }
@@ -151,7 +152,7 @@ TEST_F(GovernorRulesTest, ReloadReadsTheFileAgainForNewConnections) {
   EXPECT_TRUE(state == kRegisterPending || state != 0) << state;
   ASSERT_TRUE(gov_->CheckZone(MonotonicNowNs()));
   EXPECT_EQ(Send(early.server), 100);
-  const uint32_t slow = zone_->FindRule("slow");
+  const uint32_t slow = zone_->settings().FindRule("slow");
   ASSERT_NE(slow, kNoSlot);
   EXPECT_NE(slow, 0u);
   EXPECT_EQ(RuleOfConn(*zone_, KeyIndex(early.server)), slow);

@@ -59,7 +59,7 @@ TEST_F(GovernorTest, AcceptedSocketRegistersWithoutJoining) {
   EXPECT_EQ(slot.fd.load(), c.server);
   EXPECT_NE(gov_->proc_index(), kNoSlot);
   EXPECT_EQ(slot.proc_index.load(), gov_->proc_index());
-  EXPECT_EQ(zone_->proc(gov_->proc_index()).pid.load(), getpid());
+  EXPECT_EQ(zone_->procs().slot(gov_->proc_index()).pid.load(), getpid());
   const uint8_t mapped[16] = {0, 0, 0,    0,    0,   0, 0, 0,
                               0, 0, 0xff, 0xff, 127, 0, 0, 2};
   EXPECT_EQ(std::memcmp(slot.peer, mapped, 16), 0);
@@ -105,11 +105,13 @@ TEST_F(GovernorTest, FirstSendJoinsAndAppliesTheWholeRate) {
   StartGovernor();
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
-  const uint32_t generation = zone_->key(KeyIndex(c.server)).generation.load();
+  const uint32_t generation =
+      zone_->keys().slot(KeyIndex(c.server)).generation.load();
   EXPECT_EQ(Send(c.server, 1000), 1000);
   EXPECT_EQ(Active(c.server), 1u);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
-  EXPECT_NE(zone_->key(KeyIndex(c.server)).generation.load(), generation);
+  EXPECT_NE(zone_->keys().slot(KeyIndex(c.server)).generation.load(),
+            generation);
   EXPECT_EQ(Pacing(c.server), kRate);
   EXPECT_EQ(ConnOf(c.server).share_bytes_per_sec.load(), kRate);
   EXPECT_EQ(ConnOf(c.server).bytes_sent.load(), 1000u);
@@ -224,7 +226,7 @@ TEST_F(GovernorTest, ClosingOneConnectionGivesTheSiblingTheWholeRate) {
   const uint32_t key = KeyIndex(c1.server);
   CloseKept(c2.server);
   EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
   EXPECT_EQ(Refs(c1.server), 1u);
   EXPECT_TRUE(PacingBecomes(c1.server, kRate)) << Pacing(c1.server);
   CloseKept(c1.server);
@@ -320,12 +322,13 @@ TEST_F(GovernorTest, WatcherExpiresAnIdleConnection) {
   const uint32_t key = KeyIndex(c.server);
   // The client reads nothing, but 100 bytes fit its window: once they are
   // acknowledged the queue is empty and the watcher expires the connection.
-  EXPECT_TRUE(PollUntil([&] { return zone_->key(key).active.load() == 0; }));
+  EXPECT_TRUE(
+      PollUntil([&] { return zone_->keys().slot(key).active.load() == 0; }));
   EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
   EXPECT_EQ(Refs(c.server), 1u);
   gov_->BeforeSend(c.server);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
 }
 
 // A connection whose bytes come from a process that cannot reach the zone
@@ -337,7 +340,7 @@ class GovernorRestTest : public testing_util::GovernorFixture {
  protected:
   void WrittenElsewhereRejoins(ShareMode share) {
     StartGovernor(/*idle_ns=*/200 * kNsPerMs);
-    zone_->SetShare(share, 0);
+    zone_->settings().SetShare(share, 0);
     const Conn quiet = Open();
     const Conn cgi = Open();
     const Conn sibling = Open();
@@ -345,7 +348,8 @@ class GovernorRestTest : public testing_util::GovernorFixture {
     ASSERT_EQ(Send(quiet.server), 100);
     ASSERT_EQ(Send(cgi.server), 100);
     const uint32_t key = KeyIndex(cgi.server);
-    ASSERT_TRUE(PollUntil([&] { return zone_->key(key).active.load() == 0; }));
+    ASSERT_TRUE(
+        PollUntil([&] { return zone_->keys().slot(key).active.load() == 0; }));
     // The sibling sends on, through the library; the other two rest.
     ASSERT_EQ(Send(sibling.server), 100);
     ASSERT_EQ(ConnOf(cgi.server).active.load(), 0u);
@@ -360,7 +364,7 @@ class GovernorRestTest : public testing_util::GovernorFixture {
       return ConnOf(cgi.server).active.load() == 1;
     };
     ASSERT_TRUE(PollUntil(rejoined, 2 * kNsPerSec));
-    EXPECT_EQ(zone_->key(key).active.load(), 2u);
+    EXPECT_EQ(zone_->keys().slot(key).active.load(), 2u);
     if (share == ShareMode::kEqual) {
       EXPECT_EQ(Pacing(cgi.server), kRate / 2);
       EXPECT_TRUE(PacingBecomes(sibling.server, kRate / 2));
@@ -415,7 +419,7 @@ TEST_F(GovernorTest, ConnectionWithUnsentDataIsNotExpired) {
 TEST_F(GovernorTest, AQueuedConnectionIsLookedAtAgainSoonerOnceItsPaceRises) {
   StartGovernor();
   constexpr uint64_t kSlowRate = 20'000;
-  zone_->SetRate(kSlowRate);
+  zone_->settings().SetRate(kSlowRate);
   const Conn a = Open("127.0.0.1", /*client_rcvbuf=*/4096);
   const Conn b = Open("127.0.0.1", /*client_rcvbuf=*/4096);
   ASSERT_GE(a.server, 0);
@@ -465,27 +469,28 @@ TEST_F(GovernorTest, AQueuedConnectionIsLookedAtAgainSoonerOnceItsPaceRises) {
 
 TEST_F(GovernorTest, BudgetModeExpiresIdleConnectionsInTheTickNotThePass) {
   StartGovernor(/*idle_ns=*/300 * kNsPerMs);
-  zone_->SetShare(ShareMode::kBudget, 0);
+  zone_->settings().SetShare(ShareMode::kBudget, 0);
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
   ASSERT_EQ(Send(c.server, 100), 100);
   const uint32_t key = KeyIndex(c.server);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
   // The idle pass does nothing in budget mode (the tick visits the sending
   // connections and expires them there), even long after the last send.
   gov_->ExpireIdle(MonotonicNowNs() + 10 * kNsPerSec);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
   // The watcher's tick does, once the 100 bytes are acknowledged and the
   // idle time has passed.
-  EXPECT_TRUE(PollUntil([&] { return zone_->key(key).active.load() == 0; }));
+  EXPECT_TRUE(
+      PollUntil([&] { return zone_->keys().slot(key).active.load() == 0; }));
   gov_->BeforeSend(c.server);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
 }
 
 TEST_F(GovernorTest, BudgetTickWithNothingDueSleepsUpToATenthOfASecond) {
   // No watcher runs: nothing here has joined.
   StartGovernor();
-  zone_->SetShare(ShareMode::kBudget, 0);
+  zone_->settings().SetShare(ShareMode::kBudget, 0);
   const int64_t now = MonotonicNowNs();
   const int64_t next = gov_->TickBudget(now);
   EXPECT_GT(next, now + Governor::kMaxBudgetSleepNs - 2 * kBudgetTickNs);
@@ -494,21 +499,21 @@ TEST_F(GovernorTest, BudgetTickWithNothingDueSleepsUpToATenthOfASecond) {
 
 TEST_F(GovernorTest, BudgetWatcherPublishesItsCpuAndStretch) {
   StartGovernor();
-  zone_->SetShare(ShareMode::kBudget, 0);
+  zone_->settings().SetShare(ShareMode::kBudget, 0);
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
   ASSERT_EQ(Send(c.server, 100), 100);
   const uint32_t proc = gov_->proc_index();
-  ASSERT_LT(proc, zone_->proc_capacity());
+  ASSERT_LT(proc, zone_->procs().capacity());
   // Published from its first tick (stretch 1, no CPU measured yet), then
   // once a second. What one connection costs it depends on the build (1.5%
   // of a core under ThreadSanitizer, over the floor): with a single
   // connection nothing is spaced out whatever it costs.
-  EXPECT_TRUE(
-      PollUntil([&] { return zone_->proc(proc).watcher_stretch.load() != 0; }));
+  EXPECT_TRUE(PollUntil(
+      [&] { return zone_->procs().slot(proc).watcher_stretch.load() != 0; }));
   SleepNs(1'200 * kNsPerMs);
-  EXPECT_EQ(zone_->proc(proc).watcher_stretch.load(), 100u);
-  EXPECT_LT(zone_->proc(proc).watcher_cpu.load(), 10000u);  // < a core
+  EXPECT_EQ(zone_->procs().slot(proc).watcher_stretch.load(), 100u);
+  EXPECT_LT(zone_->procs().slot(proc).watcher_cpu.load(), 10000u);  // < a core
 }
 
 TEST_F(GovernorTest, DuplicatedFdCountsOnceUntilBothAreClosed) {
@@ -530,9 +535,9 @@ TEST_F(GovernorTest, DuplicatedFdCountsOnceUntilBothAreClosed) {
   // Closing the original keeps the registration: the dup still holds it.
   CloseServer(c.server);
   EXPECT_EQ(ConnsUsed(), 1u);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
   gov_->BeforeSend(dup_fd);
-  EXPECT_EQ(zone_->key(key).active.load(), 1u);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u);
   // Closing the last one ends it.
   gov_->OnClose(dup_fd);
   close(dup_fd);
@@ -622,7 +627,7 @@ TEST_F(GovernorTest, RateChangeReachesSocketsThroughTheWatcher) {
   gov_->BeforeSend(c2.server);
   gov_->BeforeSend(other.server);
   ASSERT_TRUE(PacingBecomes(c1.server, kRate / 2));
-  zone_->SetRate(3 * kRate);
+  zone_->settings().SetRate(3 * kRate);
   EXPECT_TRUE(PacingBecomes(c1.server, 3 * kRate / 2)) << Pacing(c1.server);
   EXPECT_TRUE(PacingBecomes(c2.server, 3 * kRate / 2)) << Pacing(c2.server);
   EXPECT_TRUE(PacingBecomes(other.server, 3 * kRate)) << Pacing(other.server);
@@ -635,11 +640,11 @@ TEST_F(GovernorTest, FullZoneLeavesNewConnectionsUnpaced) {
   {
     ZoneLock lock(*zone_);
     uint8_t key[kKeyBytes] = {9};
-    const uint32_t k = zone_->FindOrInsertKeyLocked(key, 1);
+    const uint32_t k = zone_->keys().FindOrInsertLocked(key, 1);
     ASSERT_NE(k, kNoSlot);
     const uint8_t peer[16] = {};
-    for (uint32_t i = 0; i < zone_->conn_capacity(); ++i) {
-      const uint32_t c = zone_->RegisterConnLocked(k, 0, -1, peer, 0);
+    for (uint32_t i = 0; i < zone_->conns().capacity(); ++i) {
+      const uint32_t c = zone_->conns().RegisterLocked(k, 0, -1, peer, 0);
       ASSERT_NE(c, kNoSlot);
       fillers.push_back(c);
     }
@@ -655,7 +660,7 @@ TEST_F(GovernorTest, FullZoneLeavesNewConnectionsUnpaced) {
   // Room again: the next connection is governed.
   {
     ZoneLock lock(*zone_);
-    for (const uint32_t conn : fillers) zone_->DeregisterConnLocked(conn);
+    for (const uint32_t conn : fillers) zone_->conns().DeregisterLocked(conn);
   }
   const Conn next = Open("127.0.0.2");
   EXPECT_NE(table_->Get(next.server)->state.load(), 0u);
@@ -768,9 +773,9 @@ TEST_F(GovernorTest, InheritedConnectionTakesItsAcceptorsRegistrationOver) {
   ASSERT_EQ(sent, 1);
   EXPECT_EQ(ConnsUsed(), 1u) << "counted once";
   EXPECT_EQ(StateConn(table->Get(c.server)->state.load()), conn);
-  EXPECT_EQ(zone_->conn(conn).proc_index.load(), helper.proc_index())
+  EXPECT_EQ(zone_->conns().slot(conn).proc_index.load(), helper.proc_index())
       << "the sender owns it";
-  EXPECT_EQ(zone_->conn(conn).active.load(), 1u);
+  EXPECT_EQ(zone_->conns().slot(conn).active.load(), 1u);
   EXPECT_EQ(Pacing(c.server), kRate);
   // The server's close leaves it to its new owner; the helper's ends it.
   gov_->OnClose(c.server);

@@ -34,10 +34,10 @@ using testing_util::Conn;
 // header, whose checks are issue 8's other half, nor the process slots,
 // whose robust mutexes belong to the C library).
 void Scribble(Zone& zone, std::mt19937_64& rng, int count) {
-  auto* keys = reinterpret_cast<uint8_t*>(&zone.key(0));
-  auto* conns = reinterpret_cast<uint8_t*>(&zone.conn(0));
-  const size_t key_bytes = sizeof(KeySlotShm) * zone.key_capacity();
-  const size_t conn_bytes = sizeof(ConnSlotShm) * zone.conn_capacity();
+  auto* keys = reinterpret_cast<uint8_t*>(&zone.keys().slot(0));
+  auto* conns = reinterpret_cast<uint8_t*>(&zone.conns().slot(0));
+  const size_t key_bytes = sizeof(KeySlotShm) * zone.keys().capacity();
+  const size_t conn_bytes = sizeof(ConnSlotShm) * zone.conns().capacity();
   for (int i = 0; i < count; ++i) {
     // Mostly the first slots, which the connections below use.
     const bool key = rng() % 2 == 0;
@@ -50,7 +50,7 @@ void Scribble(Zone& zone, std::mt19937_64& rng, int count) {
   }
   // The process slots' plain fields (not their mutexes): a state, a pid, a
   // count.
-  ProcSlotShm& proc = zone.proc(rng() % zone.proc_capacity());
+  ProcSlotShm& proc = zone.procs().slot(rng() % zone.procs().capacity());
   switch (rng() % 4) {
     case 0:
       proc.state.store(static_cast<uint32_t>(rng() % 4),
@@ -72,7 +72,7 @@ class ZoneGarbageSeeds : public testing_util::GovernorFixture,
 
 TEST_P(ZoneGarbageSeeds, RandomTablesNeverCrashOrHang) {
   StartGovernor(/*idle_ns=*/50 * kNsPerMs);
-  zone_->SetShare(ShareMode::kBudget, 0);
+  zone_->settings().SetShare(ShareMode::kBudget, 0);
   std::vector<Conn> conns;
   for (int i = 0; i < 6; ++i) {
     conns.push_back(Open(i % 2 == 0 ? "127.0.0.2" : "127.0.0.3"));
@@ -101,8 +101,8 @@ TEST_P(ZoneGarbageSeeds, RandomTablesNeverCrashOrHang) {
     // Garbage the Governor can tell from real figures makes the zone
     // corrupt (everything then passes through): forget it, to go on.
     const absl::Status snap = TakeSnapshot(*zone_).status();
-    EXPECT_TRUE(snap.ok() || Zone::IsCorruptZone(snap)) << snap;
-    zone_->ForgetCorruptionForTesting();
+    EXPECT_TRUE(snap.ok() || ZoneSegment::IsCorruptZone(snap)) << snap;
+    zone_->segment().ForgetCorruptionForTesting();
     if (round % 25 == 24) {
       // A close and a new connection now and then.
       Conn& old = conns[rng() % conns.size()];
@@ -190,7 +190,7 @@ TEST_F(ZoneHeaderExtremesTest, EachFieldAtAnExtremeNeverCrashesOrHangs) {
       SCOPED_TRACE(testing::Message() << field.name << " = " << v);
       // Budget mode for the paths it adds; a fresh copy of the header for
       // each value.
-      zone_->SetShare(ShareMode::kBudget, 0);
+      zone_->settings().SetShare(ShareMode::kBudget, 0);
       uint8_t saved_fields[sizeof(ZoneHeaderShm)];
       std::memcpy(saved_fields, static_cast<const void*>(&zone_->header()),
                   sizeof(saved_fields));
@@ -220,7 +220,7 @@ TEST_F(ZoneHeaderExtremesTest, EachFieldAtAnExtremeNeverCrashesOrHangs) {
       }
       // Back to the real header (all but the lock), so that the next field
       // starts from a sound zone.
-      zone_->ForgetCorruptionForTesting();
+      zone_->segment().ForgetCorruptionForTesting();
       {
         ZoneLock lock(*zone_);
         ASSERT_TRUE(lock.ok());

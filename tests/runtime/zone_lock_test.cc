@@ -173,7 +173,7 @@ TEST_F(ZoneLockTest, ALockWhoseLinksChangeWhileHeldIsNotFollowed) {
     // What a stray write could leave: glibc would write through it.
     mutex.__data.__list.__next = reinterpret_cast<__pthread_list_t*>(0x1000);
   }
-  EXPECT_TRUE(zone->corrupt());
+  EXPECT_TRUE(zone->segment().corrupt());
   EXPECT_EQ(zone->header().corrupt.load(), 1u);
   // Left locked by this thread: put it right, so that the rest of this test
   // process never meets the damaged links in its robust list.
@@ -194,7 +194,7 @@ TEST_F(ZoneLockTest, ALockWhoseKindChangesWhileHeldIsNotFollowed) {
     kind = mutex.__data.__kind;
     mutex.__data.__kind = 0;  // a plain mutex: glibc would not unlink it
   }
-  EXPECT_TRUE(zone->corrupt());
+  EXPECT_TRUE(zone->segment().corrupt());
   mutex.__data.__kind = kind;
   EXPECT_EQ(pthread_mutex_unlock(&mutex), 0);
 }
@@ -268,7 +268,8 @@ TEST_F(GovernorLockTest,
   __atomic_store_n(&zone_->header().lock.__data.__lock, kNoSuchThread,
                    __ATOMIC_RELAXED);
   Conn later = Open("127.0.0.3");  // times out: stalled from here
-  EXPECT_TRUE(PollUntil([&] { return zone_->corrupt(); }, 8 * kNsPerSec));
+  EXPECT_TRUE(
+      PollUntil([&] { return zone_->segment().corrupt(); }, 8 * kNsPerSec));
   EXPECT_EQ(zone_->header().corrupt.load(), 1u);
   // Everything passes through: the paced socket is unpaced again, and new
   // connections are not registered.
@@ -290,7 +291,8 @@ TEST_F(GovernorLockTest, AHeaderChangedUnderARunningProcessMakesItPassThrough) {
   ASSERT_EQ(Pacing(conn.server), kRate);
   // Immutable: the checksum breaks. (Atomic, as the checksum's reads are.)
   __atomic_fetch_xor(&zone_->header().hash_seed[0], 0x10, __ATOMIC_RELAXED);
-  EXPECT_TRUE(PollUntil([&] { return zone_->corrupt(); }, 4 * kNsPerSec));
+  EXPECT_TRUE(
+      PollUntil([&] { return zone_->segment().corrupt(); }, 4 * kNsPerSec));
   EXPECT_TRUE(PollUntil([&] { return Pacing(conn.server) == kNotPaced; }));
   Conn after = Open("127.0.0.3");
   ASSERT_GT(Send(after.server), 0);
@@ -302,7 +304,7 @@ TEST_F(GovernorLockTest, AHeaderChangedUnderARunningProcessMakesItPassThrough) {
       zone_name_, uint64_t{1} << 20, kRate, KeySpec(), &notes);
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE(notes.replaced_corrupt);
-  EXPECT_TRUE((*fresh)->CheckHeader());
+  EXPECT_TRUE((*fresh)->segment().CheckHeader());
 }
 
 }  // namespace

@@ -26,8 +26,8 @@ using SnapshotTest = testing_util::ZoneFixture;
 uint32_t Register(Zone& zone, uint32_t n, uint32_t proc) {
   ZoneLock lock(zone);
   const TestKey key = MakeKey(n);
-  const uint32_t k = zone.FindOrInsertKeyLocked(key.bytes, 1);
-  return zone.RegisterConnLocked(k, proc, 7, kPeer, 4242);
+  const uint32_t k = zone.keys().FindOrInsertLocked(key.bytes, 1);
+  return zone.conns().RegisterLocked(k, proc, 7, kPeer, 4242);
 }
 
 TEST_F(SnapshotTest, CountsKeysConnectionsAndProcesses) {
@@ -39,10 +39,10 @@ TEST_F(SnapshotTest, CountsKeysConnectionsAndProcesses) {
   Register(*zone, 2, proc);
   {
     ZoneLock lock(*zone);
-    zone->JoinLocked(a);
-    zone->JoinLocked(b);
+    zone->conns().JoinLocked(a);
+    zone->conns().JoinLocked(b);
   }
-  zone->conn(a).bytes_sent.store(1000);
+  zone->conns().slot(a).bytes_sent.store(1000);
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   ASSERT_TRUE(snap.ok()) << snap.status();
   ASSERT_EQ(snap->keys.size(), 2u);
@@ -61,7 +61,7 @@ TEST_F(SnapshotTest, CountsKeysConnectionsAndProcesses) {
   EXPECT_EQ(snap->connections[0].peer, "127.0.0.1:4242");
   {
     ZoneLock lock(*zone);
-    pthread_mutex_unlock(&zone->proc(proc).liveness);
+    pthread_mutex_unlock(&zone->procs().slot(proc).liveness);
   }
 }
 
@@ -72,23 +72,24 @@ TEST_F(SnapshotTest, EachKeyTakesItsRulesRateAndName) {
   ASSERT_NE(zone, nullptr);
   KeySpec per24;
   per24.v4_prefix = 24;
-  zone->SetRule(0, "downloads", 0, 0, KeySpec());
-  zone->SetRule(2, "api", 4000, 64 << 10, per24);
-  EXPECT_EQ(zone->RuleName(0), "downloads");
-  EXPECT_EQ(zone->RuleName(2), "api");
-  EXPECT_EQ(zone->RuleName(1), "rule 1");
-  EXPECT_EQ(zone->RuleRate(0), testing_util::kRate);
-  EXPECT_EQ(zone->RuleRate(2), 4000u);
-  EXPECT_EQ(zone->RuleRate(1), 0u);
-  EXPECT_EQ(zone->RuleRate(kZoneRules), 0u);
-  EXPECT_EQ(zone->RuleBurst(2), 64u << 10);
-  EXPECT_EQ(zone->RuleBurst(0), DefaultBurstBytes(testing_util::kRate));
-  EXPECT_EQ(zone->RuleKeySpec(2).v4_prefix, 24);
-  EXPECT_EQ(zone->budget_settings(2).rate_bytes_per_sec, 4000u);
-  EXPECT_EQ(zone->FindRule("api"), 2u);
-  EXPECT_EQ(zone->FindRule("downloads"), 0u);
-  EXPECT_EQ(zone->FindRule("rule 1"), kNoSlot);  // unused
-  EXPECT_EQ(zone->FindRule("nope"), kNoSlot);
+  zone->settings().SetRule(0, "downloads", 0, 0, KeySpec());
+  zone->settings().SetRule(2, "api", 4000, 64 << 10, per24);
+  EXPECT_EQ(zone->settings().RuleName(0), "downloads");
+  EXPECT_EQ(zone->settings().RuleName(2), "api");
+  EXPECT_EQ(zone->settings().RuleName(1), "rule 1");
+  EXPECT_EQ(zone->settings().RuleRate(0), testing_util::kRate);
+  EXPECT_EQ(zone->settings().RuleRate(2), 4000u);
+  EXPECT_EQ(zone->settings().RuleRate(1), 0u);
+  EXPECT_EQ(zone->settings().RuleRate(kZoneRules), 0u);
+  EXPECT_EQ(zone->settings().RuleBurst(2), 64u << 10);
+  EXPECT_EQ(zone->settings().RuleBurst(0),
+            DefaultBurstBytes(testing_util::kRate));
+  EXPECT_EQ(zone->settings().RuleKeySpec(2).v4_prefix, 24);
+  EXPECT_EQ(zone->settings().budget_settings(2).rate_bytes_per_sec, 4000u);
+  EXPECT_EQ(zone->settings().FindRule("api"), 2u);
+  EXPECT_EQ(zone->settings().FindRule("downloads"), 0u);
+  EXPECT_EQ(zone->settings().FindRule("rule 1"), kNoSlot);  // unused
+  EXPECT_EQ(zone->settings().FindRule("nope"), kNoSlot);
   const uint32_t proc = ClaimProc(*zone);
   uint32_t a = kNoSlot;
   uint32_t b = kNoSlot;
@@ -96,16 +97,16 @@ TEST_F(SnapshotTest, EachKeyTakesItsRulesRateAndName) {
     ZoneLock lock(*zone);
     // The same client under two rules: two keys, two budgets.
     TestKey key = MakeKey(1);
-    const uint32_t k0 = zone->FindOrInsertKeyLocked(key.bytes, 1);
+    const uint32_t k0 = zone->keys().FindOrInsertLocked(key.bytes, 1);
     key.bytes[kKeyRuleByte] = 2;
-    const uint32_t k2 = zone->FindOrInsertKeyLocked(key.bytes, 1);
+    const uint32_t k2 = zone->keys().FindOrInsertLocked(key.bytes, 1);
     ASSERT_NE(k0, k2);
-    a = zone->RegisterConnLocked(k0, proc, 7, kPeer, 4242);
-    b = zone->RegisterConnLocked(k2, proc, 8, kPeer, 4243);
-    zone->JoinLocked(a);
-    zone->JoinLocked(b);
+    a = zone->conns().RegisterLocked(k0, proc, 7, kPeer, 4242);
+    b = zone->conns().RegisterLocked(k2, proc, 8, kPeer, 4243);
+    zone->conns().JoinLocked(a);
+    zone->conns().JoinLocked(b);
   }
-  zone->SetRuleRate(2, 6000);
+  zone->settings().SetRuleRate(2, 6000);
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   ASSERT_TRUE(snap.ok()) << snap.status();
   ASSERT_EQ(snap->rules.size(), 2u);
@@ -119,10 +120,10 @@ TEST_F(SnapshotTest, EachKeyTakesItsRulesRateAndName) {
   }
   // A stray write into a name shows as '?', never as raw bytes.
   zone->header().rules[2].name[0] = '\n';
-  EXPECT_EQ(zone->RuleName(2), "?pi");
+  EXPECT_EQ(zone->settings().RuleName(2), "?pi");
   {
     ZoneLock lock(*zone);
-    pthread_mutex_unlock(&zone->proc(proc).liveness);
+    pthread_mutex_unlock(&zone->procs().slot(proc).liveness);
   }
 }
 
@@ -137,13 +138,13 @@ TEST_F(SnapshotTest, ClusterStateAndTheKeysHostShare) {
   const uint32_t b = Register(*zone, 1, proc);
   {
     ZoneLock lock(*zone);
-    zone->JoinLocked(a);
-    zone->JoinLocked(b);
+    zone->conns().JoinLocked(a);
+    zone->conns().JoinLocked(b);
   }
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   ASSERT_TRUE(snap.ok()) << snap.status();
   EXPECT_FALSE(snap->has_cluster);  // no agent has run
-  ClusterShm& c = zone->cluster();
+  ClusterShm& c = zone->settings().cluster();
   const char url[] = "redis://10.0.0.5:6379/0\x01";
   std::memcpy(c.url, url, sizeof(url));
   std::memcpy(c.name, "fleet", 6);
@@ -158,10 +159,10 @@ TEST_F(SnapshotTest, ClusterStateAndTheKeysHostShare) {
   const int64_t now = MonotonicNowNs();
   c.beat_ns.store(now);
   c.last_exchange_ns.store(now - 50'000'000);
-  const uint32_t k = zone->conn(a).key_index.load();
-  zone->key(k).cluster_share.store(testing_util::kRate / 4);
-  zone->key(k).cluster_active.store(8);
-  zone->key(k).cluster_hosts.store(3);
+  const uint32_t k = zone->conns().slot(a).key_index.load();
+  zone->keys().slot(k).cluster_share.store(testing_util::kRate / 4);
+  zone->keys().slot(k).cluster_active.store(8);
+  zone->keys().slot(k).cluster_hosts.store(3);
   snap = TakeSnapshot(*zone);
   ASSERT_TRUE(snap.ok()) << snap.status();
   ASSERT_TRUE(snap->has_cluster);
@@ -191,7 +192,7 @@ TEST_F(SnapshotTest, ClusterStateAndTheKeysHostShare) {
   EXPECT_EQ(snap->keys[0].share_bytes_per_sec, testing_util::kRate / 2);
   {
     ZoneLock lock(*zone);
-    pthread_mutex_unlock(&zone->proc(proc).liveness);
+    pthread_mutex_unlock(&zone->procs().slot(proc).liveness);
   }
 }
 
@@ -212,7 +213,7 @@ TEST_F(SnapshotTest, HeaderFailingItsChecksumIsCorrupt) {
   zone->header().proc_capacity += 1;
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
   ASSERT_FALSE(snap.ok());
-  EXPECT_TRUE(Zone::IsCorruptZone(snap.status()));
+  EXPECT_TRUE(ZoneSegment::IsCorruptZone(snap.status()));
   EXPECT_NE(snap.status().message().find("trafficrate rm"), std::string::npos);
   // Reading it marks nothing: only a process that uses the zone does.
   EXPECT_EQ(zone->header().corrupt.load(), 0u);
@@ -223,12 +224,12 @@ TEST_F(SnapshotTest, GarbageInTheSlotsIsReadWithoutACrash) {
   ASSERT_NE(zone, nullptr);
   std::mt19937_64 random(42);
   // Every slot full of random bytes: in-use flags set, indices anywhere.
-  for (uint32_t i = 0; i < zone->key_capacity(); ++i) {
-    auto* bytes = reinterpret_cast<uint8_t*>(&zone->key(i));
+  for (uint32_t i = 0; i < zone->keys().capacity(); ++i) {
+    auto* bytes = reinterpret_cast<uint8_t*>(&zone->keys().slot(i));
     for (size_t b = 0; b < sizeof(KeySlotShm); ++b) bytes[b] = random();
   }
-  for (uint32_t i = 0; i < zone->conn_capacity(); ++i) {
-    auto* bytes = reinterpret_cast<uint8_t*>(&zone->conn(i));
+  for (uint32_t i = 0; i < zone->conns().capacity(); ++i) {
+    auto* bytes = reinterpret_cast<uint8_t*>(&zone->conns().slot(i));
     for (size_t b = 0; b < sizeof(ConnSlotShm); ++b) bytes[b] = random();
   }
   absl::StatusOr<ZoneSnapshot> snap = TakeSnapshot(*zone);
@@ -246,10 +247,10 @@ TEST_F(SnapshotTest, ReadingWhileAnotherThreadChangesTheZoneIsSafe) {
     for (uint32_t round = 0; round < 200000 && !stop.load(); ++round) {
       ZoneLock lock(*zone);
       const TestKey key = MakeKey(round % 64);
-      const uint32_t k = zone->FindOrInsertKeyLocked(key.bytes, 1);
-      const uint32_t c = zone->RegisterConnLocked(k, proc, 7, kPeer, 1);
-      zone->JoinLocked(c);
-      zone->DeregisterConnLocked(c);
+      const uint32_t k = zone->keys().FindOrInsertLocked(key.bytes, 1);
+      const uint32_t c = zone->conns().RegisterLocked(k, proc, 7, kPeer, 1);
+      zone->conns().JoinLocked(c);
+      zone->conns().DeregisterLocked(c);
     }
   });
   size_t snapshots = 0;
@@ -265,7 +266,7 @@ TEST_F(SnapshotTest, ReadingWhileAnotherThreadChangesTheZoneIsSafe) {
   EXPECT_GT(snapshots, 0u);
   {
     ZoneLock lock(*zone);
-    pthread_mutex_unlock(&zone->proc(proc).liveness);
+    pthread_mutex_unlock(&zone->procs().slot(proc).liveness);
   }
 }
 

@@ -25,9 +25,9 @@ class ZoneNameFixture : public ::testing::Test {
  protected:
   void SetUp() override {
     zone_name_ = UniqueZoneName();
-    (void)Zone::Unlink(zone_name_);  // a leftover of a crashed run
+    (void)ZoneSegment::Unlink(zone_name_);  // a leftover of a crashed run
   }
-  void TearDown() override { (void)Zone::Unlink(zone_name_); }
+  void TearDown() override { (void)ZoneSegment::Unlink(zone_name_); }
 
   std::string zone_name_;
 };
@@ -67,17 +67,17 @@ class ZoneFixture : public ZoneNameFixture {
   // by the calling thread); kNoSlot if none is free.
   static uint32_t ClaimProc(Zone& zone) {
     ZoneLock lock(zone);
-    return lock.ok() ? zone.ClaimProcLocked(getpid(), 1) : kNoSlot;
+    return lock.ok() ? zone.procs().ClaimLocked(getpid(), 1) : kNoSlot;
   }
 
   // Registers a connection for key n, owned by proc; returns its slot.
   static uint32_t RegisterLocked(Zone& zone, uint32_t n, uint32_t proc,
                                  int fd = 7) {
     const TestKey key = MakeKey(n);
-    const uint32_t k = zone.FindOrInsertKeyLocked(key.bytes, 1);
+    const uint32_t k = zone.keys().FindOrInsertLocked(key.bytes, 1);
     if (k == kNoSlot) return kNoSlot;
-    const uint32_t c = zone.RegisterConnLocked(k, proc, fd, kPeer, 4242);
-    if (c == kNoSlot) zone.ReleaseKeyIfUnusedLocked(k);
+    const uint32_t c = zone.conns().RegisterLocked(k, proc, fd, kPeer, 4242);
+    if (c == kNoSlot) zone.keys().ReleaseIfUnusedLocked(k);
     return c;
   }
 };
