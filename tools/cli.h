@@ -69,8 +69,8 @@ int CliMain(int argc, char** argv);
 // (zones of another layout are refused), the features and the build.
 std::string VersionText();
 
-// Subcommands (tools/commands.cc, tools/top.cc). `args` excludes the
-// subcommand's name.
+// Subcommands (tools/run_check.cc, tools/zone_commands.cc, tools/top.cc).
+// `args` excludes the subcommand's name.
 int RunCommand(const std::vector<std::string>& args);
 int CheckCommand(const std::vector<std::string>& args);
 int StatCommand(const std::vector<std::string>& args);
