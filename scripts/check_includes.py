@@ -19,8 +19,10 @@ built or tested one without the other; each one seen so far came from a
 single misplaced name. Prints every breach and cycle found, and exits 1 if
 there is one.
 
-    scripts/check_includes.py [ROOT]    (ROOT: the checkout, by default
-                                         this script's parent's parent)
+    scripts/check_includes.py [--graph] [ROOT]
+        ROOT: the checkout, by default this script's parent's parent.
+        --graph: also print the includes between layers (a line per
+        layer: the layers it includes, with how many includes each).
 """
 
 import pathlib
@@ -158,10 +160,32 @@ def cycle_path(graph, component):
     return component
 
 
+def layer_graph(graph):
+    """{layer: {layer it includes: how many unit includes}}."""
+    layers = {}
+    for unit, used in graph.items():
+        counts = layers.setdefault(unit.split("/")[0], {})
+        for other in used:
+            target = other.split("/")[0]
+            if target != unit.split("/")[0]:
+                counts[target] = counts.get(target, 0) + 1
+    return layers
+
+
 def main(argv):
-    root = pathlib.Path(argv[1]) if len(argv) > 1 else \
+    args = argv[1:]
+    show_graph = "--graph" in args
+    args = [a for a in args if a != "--graph"]
+    root = pathlib.Path(args[0]) if args else \
         pathlib.Path(__file__).resolve().parent.parent
     breaches, graph = check_layers(root)
+    if show_graph:
+        layers = layer_graph(graph)
+        for layer in BELOW:
+            used = layers.get(layer, {})
+            print("%-8s -> %s" % (layer, ", ".join(
+                "%s (%d)" % (other, used[other])
+                for other in BELOW if other in used) or "-"))
     for line in breaches:
         print(line)
     cycles = strongly_connected(graph)
