@@ -18,6 +18,7 @@
 #include "src/config/cluster_url.h"
 #include "src/config/config.h"
 #include "src/config/rules_file.h"
+#include "src/net/address.h"
 #include "src/shm/zone.h"
 #include "src/shm/zone_file.h"
 #include "tools/cli.h"
@@ -144,7 +145,7 @@ std::string KeyInWords(const KeySpec& spec) {
     case KeyMode::kPeer:
       break;
   }
-  if (spec.v4_prefix == 32 && spec.v6_prefix == 128) {
+  if (spec.v4_prefix == kV4Bits && spec.v6_prefix == kV6Bits) {
     return "one bucket per client IP address; IPv4-mapped IPv6 counts as "
            "IPv4 (peer)";
   }
