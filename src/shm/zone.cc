@@ -42,9 +42,7 @@ absl::StatusOr<std::unique_ptr<Zone>> Zone::OpenOrCreate(
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::Attach(absl::string_view zone_name,
                                                    const ZonePlaces* places) {
-  absl::StatusOr<std::string> path = ZoneSegment::Locate(zone_name, places);
-  if (!path.ok()) return path.status();
-  return AttachPath(*path);
+  return FromSegment(ZoneSegment::Attach(zone_name, places));
 }
 
 absl::StatusOr<std::unique_ptr<Zone>> Zone::AttachPath(

@@ -69,12 +69,10 @@ class Zone {
       absl::string_view zone_name, uint64_t size_bytes,
       uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec(),
       ZoneOpenNotes* notes = nullptr, const ZonePlaces* places = nullptr);
-  // Attaches to an existing zone of any size (for the CLI):
-  // ZoneSegment::Locate, then AttachPath. NotFoundError if there is none;
-  // DataLossError if it is corrupt (ZoneSegment::IsCorruptZone).
+  // ZoneSegment::Attach and AttachPath (for the CLI): an existing zone of
+  // any size and key spec, by name or by path.
   static absl::StatusOr<std::unique_ptr<Zone>> Attach(
       absl::string_view zone_name, const ZonePlaces* places = nullptr);
-  // Attaches to the zone file at `path` (ZoneSegment::AttachPath).
   static absl::StatusOr<std::unique_ptr<Zone>> AttachPath(
       const std::string& path);
 

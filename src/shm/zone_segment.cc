@@ -418,6 +418,13 @@ absl::StatusOr<std::unique_ptr<ZoneSegment>> ZoneSegment::AttachPath(
   return zone;
 }
 
+absl::StatusOr<std::unique_ptr<ZoneSegment>> ZoneSegment::Attach(
+    absl::string_view zone_name, const ZonePlaces* places) {
+  absl::StatusOr<std::string> path = Locate(zone_name, places);
+  if (!path.ok()) return path.status();
+  return AttachPath(*path);
+}
+
 bool ZoneSegment::IsCorruptZone(const absl::Status& status) {
   return absl::IsDataLoss(status);
 }

@@ -122,8 +122,8 @@ class ZoneSegment {
   // is (Zone::OpenOrCreate sets it).
   static absl::StatusOr<std::unique_ptr<ZoneSegment>> OpenOrCreate(
       absl::string_view zone_name, uint64_t size_bytes,
-      uint64_t rate_bytes_per_sec, const KeySpec& key_spec,
-      ZoneOpenNotes* notes, const ZonePlaces* places);
+      uint64_t rate_bytes_per_sec, const KeySpec& key_spec = KeySpec(),
+      ZoneOpenNotes* notes = nullptr, const ZonePlaces* places = nullptr);
 
   // Where the CLI finds zone `zone_name` (a path, starting with '/', is
   // taken as it is): the calling user's own zone; for
@@ -132,9 +132,12 @@ class ZoneSegment {
   // NotFoundError, saying where it looked, if there is none.
   static absl::StatusOr<std::string> Locate(absl::string_view zone_name,
                                             const ZonePlaces* places = nullptr);
-  // Attaches to the zone file at `path` (never through a symlink), of any
-  // size and key spec (for the CLI). NotFoundError if there is none;
-  // DataLossError if it is corrupt (IsCorruptZone).
+  // Attaches to an existing zone of any size and key spec (for the CLI):
+  // Locate, then AttachPath. NotFoundError if there is none; DataLossError
+  // if it is corrupt (IsCorruptZone).
+  static absl::StatusOr<std::unique_ptr<ZoneSegment>> Attach(
+      absl::string_view zone_name, const ZonePlaces* places = nullptr);
+  // Attaches to the zone file at `path` (never through a symlink).
   static absl::StatusOr<std::unique_ptr<ZoneSegment>> AttachPath(
       const std::string& path);
 

@@ -72,8 +72,8 @@ class ZoneSettings {
   // Its name, printable ASCII ("default" for an unnamed rule 0, "rule N"
   // for an unnamed other one). Allocates; not for the hot path.
   std::string RuleName(uint32_t rule) const;
-  // The rule of that name, or kNoSlot. An empty name is rule 0's when it
-  // has none. Not for the hot path.
+  // The rule in use of that name (RuleName: rule 0 is "default" while it
+  // has none), or kNoSlot; an empty name is none. Not for the hot path.
   uint32_t FindRule(absl::string_view name) const;
   // Writes rule `rule` (1..kZoneRules-1; rule 0 takes only the name, its
   // settings are SetRate and SetShare's): name (cut to kRuleNameBytes - 1),

@@ -103,7 +103,7 @@ inline constexpr uint8_t kFlagOpenOrCreate = 8;  // kRawImage: as a server
 // The zone lock held by a thread that never lets go (a TID that exists in no
 // process, without FUTEX_OWNER_DIED): honoured only with
 // TRAFFICRATE_FUZZ_HELD_LOCK=1, since each such input then waits for the
-// lock's timeout (tests/runtime/zone_lock_test.cc covers the timeout itself).
+// lock's timeout (tests/shm/zone_test.cc covers the timeout itself).
 inline constexpr uint8_t kFlagLockHeld = 16;
 // kHeaderAndTables: the header's checksum made to match what was written (a
 // forged header); else a header written over fails its check, as a stray
@@ -292,8 +292,8 @@ inline void CheckAttachError(const absl::Status& status) {
 inline std::unique_ptr<Zone> AttachRawImage(const ZoneInput& in,
                                             const std::string& name) {
   // The image, with `ready` set: a zone never made ready costs a bounded
-  // wait of 2 s per attach (zone_test.cc covers it), which would only slow
-  // the fuzzer down.
+  // wait of 2 s per attach (zone_segment_test.cc covers it), which would only
+  // slow the fuzzer down.
   const size_t file_size =
       in.flags & kFlagExactSize
           ? std::max(in.payload.size(), sizeof(ZoneHeaderShm))

@@ -23,13 +23,6 @@ using testing_util::MakeKey;
 using testing_util::TestKey;
 using SnapshotTest = testing_util::ZoneFixture;
 
-uint32_t Register(Zone& zone, uint32_t n, uint32_t proc) {
-  ZoneLock lock(zone);
-  const TestKey key = MakeKey(n);
-  const uint32_t k = zone.keys().FindOrInsertLocked(key.bytes, 1);
-  return zone.conns().RegisterLocked(k, proc, 7, kPeer, 4242);
-}
-
 TEST_F(SnapshotTest, CountsKeysConnectionsAndProcesses) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);
