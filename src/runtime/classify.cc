@@ -1,6 +1,7 @@
 #include "src/runtime/classify.h"
 
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <cstring>
 
@@ -119,6 +120,12 @@ bool ClassifyConn(int fd, const KeySpec& key_spec,
     if (!accept_rules.GovernsPort(PortOf(local, local_len))) return false;
   }
   return MakeConnKey(key_spec, peer, peer_len, local, local_len, key);
+}
+
+uint64_t SocketInode(int fd) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
+  return static_cast<uint64_t>(st.st_ino);
 }
 
 }  // namespace trafficrate

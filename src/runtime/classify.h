@@ -44,6 +44,10 @@ bool ClassifyConn(int fd, const KeySpec& key_spec,
 // The port of an AF_INET or AF_INET6 address, host order; 0 for others.
 uint16_t PortOf(const sockaddr* addr, socklen_t len);
 
+// The inode of the socket behind fd (which names the socket whatever fd
+// number or process holds it); 0 if fd is not a socket. One fstat.
+uint64_t SocketInode(int fd);
+
 }  // namespace trafficrate
 
 #endif  // TRAFFICRATE_SRC_RUNTIME_CLASSIFY_H_
