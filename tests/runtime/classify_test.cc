@@ -20,6 +20,7 @@
 #include "src/config/rules_file.h"
 #include "src/net/key.h"
 #include "src/runtime/rule_set.h"
+#include "tests/runtime/loopback_listener.h"
 
 namespace trafficrate {
 namespace {
@@ -54,16 +55,9 @@ AcceptRules MakeRules(const std::string& ports, const std::string& exempt) {
 class ClassifyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    listener_ = testing_util::ListenLoopback("127.0.0.1", &port_);
     ASSERT_GE(listener_, 0);
-    sockaddr_in addr = Inet("127.0.0.1", 0);
-    ASSERT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-              0);
-    ASSERT_EQ(listen(listener_, 8), 0);
-    socklen_t len = sizeof(addr);
-    ASSERT_EQ(getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len),
-              0);
-    port_ = ntohs(addr.sin_port);
+    sockaddr_in addr = Inet("127.0.0.1", port_);
     client_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(client_, 0);
     sockaddr_in from = Inet("127.0.0.2", 0);
@@ -71,7 +65,7 @@ class ClassifyTest : public ::testing::Test {
               0);
     ASSERT_EQ(
         connect(client_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-    len = sizeof(from);
+    socklen_t len = sizeof(from);
     ASSERT_EQ(getsockname(client_, reinterpret_cast<sockaddr*>(&from), &len),
               0);
     client_port_ = ntohs(from.sin_port);

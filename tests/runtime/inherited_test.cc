@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "src/config/rules.h"
 #include "src/runtime/fd_table.h"
+#include "tests/runtime/loopback_listener.h"
 
 namespace trafficrate {
 namespace {
@@ -44,20 +45,15 @@ TEST(InheritedTest, OpenFdsListsThisProcesssFdsAscending) {
 }
 
 TEST(InheritedTest, AClientConnectionIsMarkedAndItsDuplicatesJoinIt) {
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint16_t port = 0;
+  const int listener = testing_util::ListenLoopback("127.0.0.1", &port);
   ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-            0);
-  ASSERT_EQ(listen(listener, 4), 0);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const sockaddr_in addr{AF_INET, htons(port), {htonl(INADDR_LOOPBACK)}, {}};
   const int client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(client, 0);
-  ASSERT_EQ(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-            0);
+  ASSERT_EQ(
+      connect(client, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)),
+      0);
   const int server = accept(listener, nullptr, nullptr);
   ASSERT_GE(server, 0);
   const int server_dup = dup(server);
@@ -66,7 +62,7 @@ TEST(InheritedTest, AClientConnectionIsMarkedAndItsDuplicatesJoinIt) {
   // Only the listener's port is governed (the ephemeral range would take
   // the listener's port, made by bind to port 0, for an outgoing one).
   absl::StatusOr<std::vector<PortRange>> ports =
-      ParsePorts(std::to_string(ntohs(addr.sin_port)));
+      ParsePorts(std::to_string(port));
   ASSERT_TRUE(ports.ok()) << ports.status();
   absl::StatusOr<AcceptRules> rules = AcceptRules::Make(*ports, {});
   ASSERT_TRUE(rules.ok()) << rules.status();
