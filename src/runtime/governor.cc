@@ -20,6 +20,8 @@
 #include "src/budget/share.h"
 #include "src/net/address.h"
 #include "src/net/tcp_counts.h"
+#include "src/runtime/classify.h"
+#include "src/runtime/inherited.h"
 
 namespace trafficrate {
 namespace {
@@ -37,120 +39,14 @@ constexpr int kStalledChecksForCorrupt = 3;
 constexpr int64_t kRestFirstLookNs = 100'000'000;   // 100 ms
 constexpr int64_t kRestLastLookNs = 6'400'000'000;  // 6.4 s
 
-// The 16-byte form of an address (IPv4 as v4-mapped) and its port; zero
-// for anything but AF_INET and AF_INET6.
-void PeerBytes(const sockaddr* peer, socklen_t len, uint8_t out[16],
-               uint16_t* port) {
-  *port = 0;
-  if (!ToAddress16(peer, len, out, port)) std::memset(out, 0, 16);
-}
-
-bool IsInetWithLength(const sockaddr* addr, socklen_t len) {
-  if (addr == nullptr || len < sizeof(sa_family_t)) return false;
-  if (addr->sa_family == AF_INET) return len >= sizeof(sockaddr_in);
-  if (addr->sa_family == AF_INET6) return len >= sizeof(sockaddr_in6);
-  return false;
-}
-
-// The peer of an accepted socket: `peer` if accept filled in a whole
-// AF_INET or AF_INET6 address, else the kernel's (getpeername, into *buf).
-// Null if it has none; *peer_len follows the address returned.
-const sockaddr* PeerAddress(int fd, const sockaddr* peer, socklen_t* peer_len,
-                            sockaddr_storage* buf) {
-  if (IsInetWithLength(peer, *peer_len)) return peer;
-  socklen_t len = sizeof(*buf);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(buf), &len) != 0) {
-    return nullptr;
-  }
-  peer = reinterpret_cast<const sockaddr*>(buf);
-  if (!IsInetWithLength(peer, len)) return nullptr;
-  *peer_len = len;
-  return peer;
-}
-
-// The port of an AF_INET or AF_INET6 address, host order; 0 for others.
-uint16_t PortOf(const sockaddr* addr, socklen_t len) {
-  uint8_t addr16[16];
-  uint16_t port = 0;
-  PeerBytes(addr, len, addr16, &port);
-  return port;
-}
-
-// Classifies an accepted socket: a TCP (stream) socket with an AF_INET or
-// AF_INET6 peer, on a governed local port, from a client that is not exempt;
-// and its key. peer may be null or truncated: then the kernel is asked. The
-// local address is asked for only when the key or the port rules need it.
-// With a rules file: the first rule matching the local endpoint and the
-// client decides, and the key carries its zone rule in byte kKeyRuleByte.
-bool ClassifyByRules(const RuleTable& table, const sockaddr* peer,
-                     socklen_t peer_len, const sockaddr* local,
-                     socklen_t local_len, const uint8_t peer16[16],
-                     ConnKey* key) {
-  uint8_t local16[16];
-  uint16_t local_port = 0;
-  PeerBytes(local, local_len, local16, &local_port);
-  const int match = FirstMatchingRule(table.rules, local16, local_port, peer16);
-  if (match < 0) return false;
-  const Rule& rule = table.rules[match];
-  const uint32_t slot = table.slots[match];
-  if (rule.unlimited || slot >= kZoneRules) return false;
-  for (const Cidr& cidr : rule.exempt) {
-    if (CidrContains(cidr, peer16)) return false;
-  }
-  if (!MakeConnKey(rule.key, peer, peer_len, local, local_len, key)) {
-    return false;
-  }
-  key->bytes[kKeyRuleByte] = static_cast<uint8_t>(slot);
-  return true;
-}
-
-bool Classify(int fd, const GovernorOptions& options, const RuleTable* table,
-              const sockaddr* peer, socklen_t peer_len, ConnKey* key,
-              uint8_t peer16[16], uint16_t* peer_port) {
-  int type = 0;
-  socklen_t type_len = sizeof(type);
-  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
-      type != SOCK_STREAM) {
-    return false;
-  }
-  sockaddr_storage peer_buf;
-  peer = PeerAddress(fd, peer, &peer_len, &peer_buf);
-  if (peer == nullptr) return false;
-  PeerBytes(peer, peer_len, peer16, peer_port);
-  if (options.rules.Exempts(peer16)) return false;
-  sockaddr_storage local_buf;
-  const sockaddr* local = nullptr;
-  socklen_t local_len = 0;
-  const bool by_rules = table != nullptr;
-  if (by_rules || options.key.mode == KeyMode::kLocal ||
-      options.rules.restricts_ports()) {
-    local_len = sizeof(local_buf);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local_buf), &local_len) !=
-        0) {
-      return false;
-    }
-    local = reinterpret_cast<const sockaddr*>(&local_buf);
-    if (local_len < sizeof(sa_family_t) ||
-        (local->sa_family != AF_INET && local->sa_family != AF_INET6)) {
-      return false;
-    }
-    if (by_rules) {
-      return ClassifyByRules(*table, peer, peer_len, local, local_len, peer16,
-                             key);
-    }
-    if (!options.rules.GovernsPort(PortOf(local, local_len))) return false;
-  }
-  return MakeConnKey(options.key, peer, peer_len, local, local_len, key);
-}
-
 }  // namespace
 
 bool Governor::ClassifyFd(int fd, const sockaddr* peer, socklen_t peer_len,
                           ConnKey* key, uint8_t peer16[16],
                           uint16_t* peer_port) const {
-  const RuleTableRead rules(*this);
-  return Classify(fd, options_, rules.table(), peer, peer_len, key, peer16,
-                  peer_port);
+  const RuleSet::Read rules(rules_);
+  return ClassifyConn(fd, options_.key, options_.rules, rules.table(), peer,
+                      peer_len, key, peer16, peer_port);
 }
 
 Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
@@ -160,15 +56,13 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
       logger_(logger),
       options_(options),
       watcher_(this, zone, logger, options),
-      pid_(static_cast<int32_t>(getpid())) {
+      pid_(static_cast<int32_t>(getpid())),
+      rules_(zone, logger, options.rules_path, options.after_bytes) {
   local_ = MapPrivateArray<LocalConn>(zone_->conns().capacity());
   key_local_ = MapPrivateArray<LocalKey>(zone_->keys().capacity());
   if (options_.shape) copy_buffers_ = CopyBuffers::Create();
-  rules_generation_seen_.store(
-      zone_->header().rules_generation.load(std::memory_order_acquire),
-      std::memory_order_release);
   if (!options_.file_rules.empty() &&
-      !InstallRules(options_.file_rules, /*at_start=*/true)) {
+      !rules_.Install(options_.file_rules, /*at_start=*/true)) {
     // The zone lock stayed busy: the rules' connections pass through, as
     // any connection does while the lock is stalled, until a reload.
     logger_->Warning(
@@ -181,8 +75,6 @@ Governor::Governor(Zone* zone, FdTable* table, const Logger* logger,
 
 Governor::~Governor() {
   StopWatcher();
-  delete rule_table_.exchange(nullptr);
-  FreeRetiredRuleTables(/*force=*/true);
   ReleaseKeptDrains();
   UnmapPrivateArray(local_, zone_->conns().capacity());
   UnmapPrivateArray(key_local_, zone_->keys().capacity());
@@ -258,7 +150,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   if (entry->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*entry));
   }
-  if (RulesStale()) {
+  if (rules_.Stale()) {
     // `trafficrate reload`: the watcher reads the file again (starting it
     // if this process has none yet); the connection is classified under
     // the new rules at its first send after that.
@@ -350,7 +242,8 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   // first pieces; one that sends TRAFFICRATE_AFTER bytes unpaced first has
   // used them by the time it is paced.
   local_[conn].first_left.store(
-      fresh && AfterBytes(zone_->conns().slot(conn)) == 0 ? kFirstPieces : 0,
+      fresh && rules_.AfterBytes(zone_->conns().slot(conn)) == 0 ? kFirstPieces
+                                                                 : 0,
       std::memory_order_relaxed);
   if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
                                            std::memory_order_acq_rel)) {
@@ -383,7 +276,7 @@ void Governor::MarkPending(int fd, FdEntry& entry, const ConnKey* key) {
 void Governor::RegisterPending() {
   if (!pending_maybe_.load(std::memory_order_acquire) ||
       zone_->lock_stalled() || zone_->segment().corrupt() ||
-      watcher_.starting() || RulesStale()) {
+      watcher_.starting() || rules_.Stale()) {
     return;
   }
   pending_maybe_.store(false, std::memory_order_release);
@@ -425,7 +318,7 @@ void Governor::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   // While the lock is still held, or the watcher still starts, no system
   // call: the send goes out unpaced, as it would without the library.
   if (zone_->lock_stalled() || zone_->segment().corrupt() ||
-      watcher_.starting() || RulesStale()) {
+      watcher_.starting() || rules_.Stale()) {
     return;
   }
   uint64_t expected = pending;
@@ -556,144 +449,8 @@ void Governor::AfterSend(int fd, ssize_t sent) {
                             std::memory_order_relaxed);
 }
 
-uint64_t Governor::AfterBytes(const ConnSlotShm& conn) const {
-  const RuleTableRead rules(*this);
-  const RuleTable* table = rules.table();
-  if (table == nullptr) return options_.after_bytes;
-  if (table->max_after == 0) return 0;
-  const uint32_t key = conn.key_index.load(std::memory_order_relaxed);
-  if (key >= zone_->keys().capacity()) return 0;
-  const uint32_t rule = zone_->settings().RuleOf(zone_->keys().slot(key));
-  return rule < kZoneRules ? table->after_by_rule[rule] : 0;
-}
-
-bool Governor::RulesStale() const {
-  return !options_.rules_path.empty() &&
-         zone_->header().rules_generation.load(std::memory_order_acquire) !=
-             rules_generation_seen_.load(std::memory_order_acquire);
-}
-
-bool Governor::AnyAfter() const {
-  const RuleTableRead rules(*this);
-  const RuleTable* table = rules.table();
-  return table != nullptr ? table->max_after > 0 : options_.after_bytes > 0;
-}
-
-bool Governor::InstallRules(const std::vector<Rule>& rules, bool at_start) {
-  auto table = std::make_unique<RuleTable>();
-  table->rules = rules;
-  table->slots.assign(rules.size(), kNoRuleSlot);
-  const Rule* first = nullptr;
-  for (const Rule& rule : rules) {
-    if (!rule.unlimited && first == nullptr) first = &rule;
-  }
-  // At start-up the zone's own rate, key and burst are the first rule's.
-  if (at_start && first != nullptr) {
-    zone_->settings().SetRule(0, first->name, 0, 0, first->key);
-  }
-  {
-    ZoneLock lock(*zone_, kWatcherLockWaitNs);
-    if (!lock.ok()) return false;
-    for (size_t i = 0; i < rules.size(); ++i) {
-      if (rules[i].unlimited) continue;
-      table->slots[i] =
-          zone_->settings().MapRuleLocked(rules[i].name, rules[i].key);
-    }
-  }
-  for (size_t i = 0; i < rules.size(); ++i) {
-    const Rule& rule = rules[i];
-    const uint32_t slot = table->slots[i];
-    if (rule.unlimited) continue;
-    if (slot >= kZoneRules) {
-      logger_->Warning(
-          "rule \"%s\": every one of the zone's %u rules is taken (by this "
-          "file and earlier ones); its connections pass through unpaced "
-          "until the zone is made afresh",
-          rule.name.c_str(), kZoneRules);
-      continue;
-    }
-    if (slot == 0) {
-      if (!at_start) {
-        if (zone_->settings().RuleRate(0) != rule.rate_bytes_per_sec) {
-          zone_->settings().SetRate(rule.rate_bytes_per_sec);
-        }
-        zone_->settings().SetShare(zone_->settings().share_mode(),
-                                   rule.burst_bytes);
-      }
-    } else {
-      zone_->settings().SetRule(slot, rule.name, rule.rate_bytes_per_sec,
-                                rule.burst_bytes, rule.key);
-    }
-    table->after_by_rule[slot] = rule.after_bytes;
-    table->max_after = std::max(table->max_after, rule.after_bytes);
-  }
-  // The one before stays readable until no call can still read it: see
-  // RuleTable.
-  const RuleTable* before =
-      rule_table_.exchange(table.release(), std::memory_order_seq_cst);
-  if (before != nullptr) {
-    before->previous = retired_rule_tables_.load(std::memory_order_relaxed);
-    while (!retired_rule_tables_.compare_exchange_weak(
-        before->previous, before, std::memory_order_acq_rel)) {
-    }
-  }
-  return true;
-}
-
-void Governor::FreeRetiredRuleTables(bool force) {
-  if (retired_rule_tables_.load(std::memory_order_acquire) == nullptr ||
-      (!force && rule_readers_.load(std::memory_order_seq_cst) != 0)) {
-    return;
-  }
-  // Every read counted from now on began after these tables were replaced
-  // (the count was 0 after the exchange), so it holds a newer table.
-  for (const RuleTable* t =
-           retired_rule_tables_.exchange(nullptr, std::memory_order_acq_rel);
-       t != nullptr;) {
-    const RuleTable* previous = t->previous;
-    delete t;
-    t = previous;
-  }
-}
-
-int Governor::RetiredRuleTablesForTesting() const {
-  int n = 0;
-  for (const RuleTable* t = retired_rule_tables_.load(); t != nullptr;
-       t = t->previous) {
-    ++n;
-  }
-  return n;
-}
-
-ReloadStatus Governor::ReloadRules(int* err) {
-  *err = 0;
-  absl::StatusOr<RulesFile> file = ReadRulesFile(options_.rules_path);
-  if (!file.ok()) {
-    logger_->Error("reload: %s; the rules in force stay",
-                   std::string(file.status().message()).c_str());
-    const absl::Status& status = file.status();
-    if (absl::IsPermissionDenied(status)) *err = EACCES;
-    if (absl::IsNotFound(status)) *err = ENOENT;
-    return *err != 0 ? kReloadUnreadable : kReloadInvalid;
-  }
-  for (const std::string& line : ShadowedRules(*file)) {
-    logger_->Warning("reload: %s: %s", options_.rules_path.c_str(),
-                     line.c_str());
-  }
-  if (!InstallRules(file->rules, /*at_start=*/false)) {
-    logger_->Warning(
-        "reload: the zone lock stayed busy; the rules in force stay (run "
-        "trafficrate reload again)");
-    return kReloadBusy;
-  }
-  logger_->Notice(
-      "reload: %zu rule(s) from %s, for the connections accepted from now on",
-      file->rules.size(), options_.rules_path.c_str());
-  return kReloadOk;
-}
-
 bool Governor::PastAfter(int fd, const ConnSlotShm& conn) const {
-  const uint64_t after = AfterBytes(conn);
+  const uint64_t after = rules_.AfterBytes(conn);
   if (after == 0) return true;
   const uint64_t queued = conn.bytes_sent.load(std::memory_order_relaxed);
   if (queued < after) return false;
@@ -1082,13 +839,6 @@ void ForEachPassedFd(const msghdr* msg, F f) {
   }
 }
 
-// The inode of the socket behind fd; 0 if fd is not a socket.
-uint64_t SocketInode(int fd) {
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return 0;
-  return static_cast<uint64_t>(st.st_ino);
-}
-
 }  // namespace
 
 int Governor::BeforePassFds(const msghdr* msg) {
@@ -1200,111 +950,14 @@ void Governor::ExpireHandoffs(int64_t now_ns) {
   if (push) zone_->changes().WakeWatchers();
 }
 
-namespace {
-
-// The kernel's ephemeral port range (net.ipv4.ip_local_port_range of this
-// network namespace); the kernel's default if it cannot be read.
-void EphemeralPorts(int* lo, int* hi) {
-  *lo = 32768;
-  *hi = 60999;
-  const int fd =
-      open("/proc/sys/net/ipv4/ip_local_port_range", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  char buf[64] = {};
-  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  int a = 0, b = 0;
-  if (n > 0 && std::sscanf(buf, "%d %d", &a, &b) == 2 && a > 0 && a <= b &&
-      b <= 65535) {
-    *lo = a;
-    *hi = b;
-  }
-}
-
-// The open fds of this process, ascending, into fds (at most max);
-// returns how many. From /proc/self/fd, else every number below 1024.
-int OpenFds(int* fds, int max) {
-  int n = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    const int own = dirfd(dir);
-    while (dirent* e = readdir(dir)) {
-      char* end = nullptr;
-      const long fd = std::strtol(e->d_name, &end, 10);
-      if (end == e->d_name || *end != '\0' || fd < 0 || fd == own ||
-          fd > INT32_MAX) {
-        continue;
-      }
-      if (n < max) fds[n++] = static_cast<int>(fd);
-    }
-    closedir(dir);
-    std::sort(fds, fds + n);
-    return n;
-  }
-  for (int fd = 0; fd < 1024 && n < max; ++fd) {
-    if (fcntl(fd, F_GETFD) >= 0) fds[n++] = fd;
-  }
-  return n;
-}
-
-}  // namespace
-
 int Governor::AdoptInherited() {
   if (local_ == nullptr || zone_->segment().corrupt()) return 0;
-  constexpr int kMaxFds = 4096;
-  static int fds[kMaxFds];  // the constructor runs once, on one thread
-  const int n = OpenFds(fds, kMaxFds);
-  int lo = 0, hi = 0;
-  EphemeralPorts(&lo, &hi);
-  // The sockets governed so far (inode, fd), so that a duplicate (fd 0 and
-  // 1 of one socket) joins its first fd's registration.
-  constexpr int kMaxSockets = 256;
-  uint64_t inodes[kMaxSockets];
-  int firsts[kMaxSockets];
-  int sockets = 0;
-  int governed = 0;
-  for (int i = 0; i < n; ++i) {
-    const int fd = fds[i];
-    int value = 0;
-    socklen_t len = sizeof(value);
-    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &value, &len) != 0 ||
-        value != IPPROTO_TCP) {
-      continue;
-    }
-    len = sizeof(value);
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &value, &len) != 0 ||
-        value != 0) {
-      continue;  // a listening socket (systemd Accept=no): accepts follow
-    }
-    const uint64_t inode = SocketInode(fd);
-    int seen = 0;
-    while (seen < sockets && inodes[seen] != inode) ++seen;
-    if (seen < sockets) {
-      OnDup(firsts[seen], fd);
-      continue;
-    }
-    sockaddr_storage local{};
-    len = sizeof(local);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
-      continue;
-    }
-    const int port = PortOf(reinterpret_cast<const sockaddr*>(&local), len);
-    const bool client = options_.rules.restricts_ports()
-                            ? options_.rules.GovernsPort(port)
-                            : port != 0 && (port < lo || port > hi);
-    if (!client) continue;  // an outgoing connection the parent made
-    FdEntry* entry = table_->Get(fd);
-    if (entry == nullptr) continue;
-    // Registered (and classified: client, key, rules) at its first send.
-    entry->state.store(PendingGroupState(fd), std::memory_order_release);
-    table_->NoteTracked(fd);
-    ++governed;
-    if (sockets < kMaxSockets) {
-      inodes[sockets] = inode;
-      firsts[sockets] = fd;
-      ++sockets;
-    }
-  }
-  return governed;
+  return AdoptInheritedSockets(
+      options_.rules, table_,
+      [](void* governor, int first_fd, int fd) {
+        static_cast<Governor*>(governor)->OnDup(first_fd, fd);
+      },
+      this);
 }
 
 void Governor::AfterForkChild() {
@@ -1314,7 +967,7 @@ void Governor::AfterForkChild() {
   table_->ClearPinsAfterFork();
   if (copy_buffers_ != nullptr) copy_buffers_->AfterForkChild();
   // No thread of the parent survives to end its read of the rule table.
-  rule_readers_.store(0, std::memory_order_relaxed);
+  rules_.AfterForkChild();
   // Registrations the parent had pending are this process's to make too.
   pending_maybe_.store(true, std::memory_order_relaxed);
   // The parent's drains are the parent's to finish; the fds that keep them
@@ -1417,7 +1070,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
   // Budget mode: the tick's visits expire the sending connections
   // (TickBudget); only TRAFFICRATE_AFTER's joins are left to this pass.
   const bool budget = BudgetWanted();
-  const bool any_after = AnyAfter();
+  const bool any_after = rules_.AnyAfter();
   if (budget && !any_after) return;
   const uint32_t me = watcher_.proc_index();
   const int high_water = table_->high_water();
@@ -1436,7 +1089,7 @@ void Governor::ExpireIdle(int64_t now_ns) {
       continue;
     }
     const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
-    const uint64_t after = any_after ? AfterBytes(conn) : 0;
+    const uint64_t after = any_after ? rules_.AfterBytes(conn) : 0;
     if (after > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me &&
@@ -1468,7 +1121,7 @@ bool Governor::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
     // (ExpireIdle) is looked for at every pass.
     const int64_t next = LookAtRest(fd, entry, state, conn, now_ns);
     if (quiet_until_ns != nullptr) {
-      *quiet_until_ns = AfterBytes(conn) > 0 ? 0 : next;
+      *quiet_until_ns = rules_.AfterBytes(conn) > 0 ? 0 : next;
     }
     return true;
   }
@@ -1574,26 +1227,8 @@ int64_t Governor::LookAtRest(int fd, FdEntry& entry, uint64_t state,
 
 bool Governor::CheckZone(int64_t now_ns) {
   if (zone_->segment().corrupt()) return PassThroughCorrupt();
-  if (const uint32_t rules =
-          zone_->header().rules_generation.load(std::memory_order_acquire);
-      rules != rules_generation_seen_.load(std::memory_order_relaxed)) {
-    int err = 0;
-    const ReloadStatus status =
-        options_.rules_path.empty() ? kReloadNoFile : ReloadRules(&err);
-    // After the new table is published (or the old one kept): connections
-    // accepted meanwhile waited for this (RulesStale).
-    rules_generation_seen_.store(rules, std::memory_order_release);
-    // What `trafficrate reload` waits for.
-    if (const uint32_t me = watcher_.proc_index();
-        me < zone_->procs().capacity()) {
-      ProcSlotShm& slot = zone_->procs().slot(me);
-      slot.rules_errno.store(static_cast<uint16_t>(err),
-                             std::memory_order_relaxed);
-      slot.rules_status.store(status, std::memory_order_relaxed);
-      slot.rules_seen.store(rules, std::memory_order_release);
-    }
-  }
-  FreeRetiredRuleTables(/*force=*/false);
+  rules_.ReloadIfAsked(watcher_.proc_index());
+  rules_.FreeRetired(/*force=*/false);
   if (zone_->lock_stalled() && !zone_->RecheckLock()) {
     if (now_ns < next_zone_check_ns_) return true;
   } else {

@@ -41,6 +41,7 @@
 #include "src/config/rules_file.h"
 #include "src/net/key.h"
 #include "src/runtime/fd_table.h"
+#include "src/runtime/rule_set.h"
 #include "src/runtime/watcher.h"
 #include "src/shm/zone.h"
 
@@ -83,21 +84,6 @@ struct GovernorOptions : WatcherTiming {
   // The fleet exchange (TRAFFICRATE_CLUSTER), or null. Not owned; outlives
   // the Governor.
   ZoneAgent* agent = nullptr;
-};
-
-// A rules file's rules as the accept path reads them, with the zone rule of
-// each (kNoRuleSlot: unlimited, or no zone rule was free) and each zone
-// rule's after. Immutable once published; a reload publishes another and
-// retires the one before, which the watcher frees once no call is reading
-// a table (Governor::RuleTableRead): a server reloaded in a loop keeps at
-// most the tables that calls in flight still read.
-struct RuleTable {
-  std::vector<Rule> rules;
-  std::vector<uint32_t> slots;
-  uint64_t after_by_rule[kZoneRules] = {};
-  uint64_t max_after = 0;
-  // The next older retired table (Governor::retired_rule_tables_).
-  mutable const RuleTable* previous = nullptr;
 };
 
 class Governor final : public WatcherDuties {
@@ -232,22 +218,8 @@ class Governor final : public WatcherDuties {
   // corrupt: the process then passes everything through (PassThroughAll),
   // and the watcher has nothing more to do.
   bool CheckZone(int64_t now_ns) override;
-  // The rules file: maps its rules to zone rules (MapRuleLocked), sets
-  // their rates, and publishes the table for the accept path. At start-up
-  // the first rule with a rate is the zone's rule 0. False if the zone lock
-  // could not be had (the rules in force stay). Watcher or init only.
-  bool InstallRules(const std::vector<Rule>& rules, bool at_start);
-  // `trafficrate reload`: reads the file again; on error logs and keeps the
-  // rules in force. Returns how it went (*err: the errno of a file it could
-  // not read).
-  ReloadStatus ReloadRules(int* err);
   // Rule tables replaced by reloads and not freed yet (tests).
-  int RetiredRuleTablesForTesting() const;
-  // Whether some rule sends its first bytes unpaced (TRAFFICRATE_AFTER).
-  bool AnyAfter() const;
-  // A rules file is in use and `trafficrate reload` asked for it to be read
-  // again, which this process's watcher has not done yet. Hot path.
-  bool RulesStale() const;
+  int RetiredRuleTablesForTesting() const { return rules_.RetiredForTesting(); }
   // Ends the registrations of connections this process passed that nobody
   // received by now_ns - kHandoffExpiryNs, unless it still has an fd of
   // them (CheckZone, each watcher loop; safe beside the watcher: it works
@@ -282,8 +254,7 @@ class Governor final : public WatcherDuties {
   int64_t LastSendNs(int fd) const;
 
  private:
-  // Classify (governor.cc) under the rule table in force, read as
-  // RuleTableRead reads it.
+  // ClassifyConn (classify.h) under the rule table in force.
   bool ClassifyFd(int fd, const sockaddr* peer, socklen_t peer_len,
                   ConnKey* key, uint8_t peer16[16], uint16_t* peer_port) const;
   // Registers fd's connection; its fd entry must still hold `expected`
@@ -337,9 +308,6 @@ class Governor final : public WatcherDuties {
   void JoinSlow(int fd, FdEntry& entry, uint64_t state);
   // TRAFFICRATE_AFTER: whether the connection's first after_bytes have left
   // the socket (sent, not merely queued). One ioctl once they are queued.
-  // TRAFFICRATE_AFTER of the connection's rule (after_bytes without a
-  // rules file).
-  uint64_t AfterBytes(const ConnSlotShm& conn) const;
   bool PastAfter(int fd, const ConnSlotShm& conn) const;
   void Reregister(int fd, FdEntry& entry, uint64_t state);
   // One connection's idle check (ExpireIdle; TickBudget's visits in budget
@@ -549,38 +517,9 @@ class Governor final : public WatcherDuties {
   std::atomic<uint64_t> deferred_lost_{0};
   // The watcher's once-a-second look at the zone (CheckZone).
   int64_t next_zone_check_ns_ = 0;
-  std::atomic<const RuleTable*> rule_table_{nullptr};
   // Some fd may be kRegisterPending (MarkPending): RegisterPending looks.
   std::atomic<bool> pending_maybe_{false};
-  // Calls reading rule_table_ now (RuleTableRead), and the tables reloads
-  // replaced, freed by the watcher once that count is 0 (seq_cst on both
-  // sides: a read that begins after the count was seen 0 holds the newest).
-  mutable std::atomic<int> rule_readers_{0};
-  std::atomic<const RuleTable*> retired_rule_tables_{nullptr};
-  class RuleTableRead {
-   public:
-    explicit RuleTableRead(const Governor& governor) : governor_(governor) {
-      governor_.rule_readers_.fetch_add(1, std::memory_order_seq_cst);
-      table_ = governor_.rule_table_.load(std::memory_order_seq_cst);
-    }
-    ~RuleTableRead() {
-      governor_.rule_readers_.fetch_sub(1, std::memory_order_seq_cst);
-    }
-    RuleTableRead(const RuleTableRead&) = delete;
-    RuleTableRead& operator=(const RuleTableRead&) = delete;
-    const RuleTable* table() const { return table_; }
-
-   private:
-    const Governor& governor_;
-    const RuleTable* table_;
-  };
-  // Frees the retired tables if no call reads a table now (or, with force,
-  // at destruction). Watcher (or destructor) only.
-  void FreeRetiredRuleTables(bool force);
-  // The zone's rules_generation the rule table answers to (the watcher
-  // moves it after each reload); while it lags, accepted connections wait
-  // for the reload (RulesStale).
-  std::atomic<uint32_t> rules_generation_seen_{0};
+  RuleSet rules_;
   uint64_t lock_timeouts_said_ = 0;
   uint64_t deferred_lost_said_ = 0;
   int stalled_checks_ = 0;

@@ -428,7 +428,7 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   local.measured_left.store(left, std::memory_order_relaxed);
   local.measured_ns.store(now_ns, std::memory_order_relaxed);
   local.left_rate.store(rate, std::memory_order_relaxed);
-  if (AfterBytes(conn) > 0 &&
+  if (rules_.AfterBytes(conn) > 0 &&
       conn.bytes_left.load(std::memory_order_relaxed) == 0) {
     // TRAFFICRATE_AFTER: what a connection sent before it joined is free.
     conn.bytes_left.store(left, std::memory_order_relaxed);
