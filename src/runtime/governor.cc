@@ -225,17 +225,13 @@ bool Governor::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
   entry.visit_tick.store(0, std::memory_order_relaxed);
   local_[conn].last_send_ns.store(now, std::memory_order_relaxed);
   local_[conn].next_measure_ns.store(0, std::memory_order_relaxed);
-  local_[conn].measured_ns.store(0, std::memory_order_relaxed);
-  local_[conn].left_rate.store(0, std::memory_order_relaxed);
-  local_[conn].packet_bytes.store(0, std::memory_order_relaxed);
+  local_[conn].meter.Reset();
   local_[conn].next_idle_check_ns.store(0, std::memory_order_relaxed);
   local_[conn].idle_queued.store(0, std::memory_order_relaxed);
   local_[conn].idle_queued_ns.store(0, std::memory_order_relaxed);
   local_[conn].applied_ns.store(0, std::memory_order_relaxed);
   local_[conn].kernel_base.store(kNoKernelBase, std::memory_order_relaxed);
   StartRest(conn);
-  local_[conn].slow_since_ns.store(0, std::memory_order_relaxed);
-  local_[conn].slow.store(false, std::memory_order_relaxed);
   local_[conn].piece.store(0, std::memory_order_relaxed);
   local_[conn].mss.store(0, std::memory_order_relaxed);
   // A connection paced from its first byte sends its first segments as
@@ -500,8 +496,8 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
     entry.visit_tick.store(0, std::memory_order_relaxed);
     // Whether it sends under its pace is judged afresh: the time it was
     // idle says nothing about it.
-    local_[index].slow_since_ns.store(0, std::memory_order_relaxed);
-    local_[index].slow.store(false, std::memory_order_relaxed);
+    local_[index].meter.slow_since_ns.store(0, std::memory_order_relaxed);
+    local_[index].meter.slow.store(false, std::memory_order_relaxed);
     ApplyIfChanged(fd, entry, state, conn);
   }
 }

@@ -35,6 +35,7 @@
 #include "src/base/log.h"
 #include "src/base/process_token.h"
 #include "src/budget/cpu_budget.h"
+#include "src/budget/meter.h"
 #include "src/budget/shaped_send.h"
 #include "src/budget/shaper.h"
 #include "src/config/rules.h"
@@ -402,14 +403,11 @@ class Governor final : public WatcherDuties {
     std::atomic<int64_t> last_send_ns;
     std::atomic<int64_t> next_measure_ns;  // budget mode
     std::atomic<int64_t> drain_last_ns;    // budget mode, draining
-    // Budget mode: the last real measurement (what had left the socket, and
-    // when; 0: none yet) and the rate at which bytes were leaving, from
-    // which the ticks between measurements estimate what left since.
-    std::atomic<uint64_t> measured_left;
-    std::atomic<int64_t> measured_ns;
-    std::atomic<uint64_t> left_rate;
-    // The size of the packets its bytes leave in, as measured; 0: not yet.
-    std::atomic<uint32_t> packet_bytes;
+    // Budget mode: what the measurements learnt of its sending (the last
+    // one, the rate bytes left at, the packet size, whether it sends less
+    // than its pacing allows), from which the ticks between measurements
+    // estimate what left since (meter.h).
+    ConnMeter meter;
     // Budget mode: no idle check before this time (the next measurement
     // looks at its queue anyway).
     std::atomic<int64_t> next_idle_check_ns;
@@ -430,16 +428,6 @@ class Governor final : public WatcherDuties {
     // Budget mode: what the kernel had sent of its socket before this
     // registration (MeasureConn; kNoKernelBase until its first measurement).
     std::atomic<uint64_t> kernel_base;
-    // Budget mode: whether it sends less than its pacing allows, judged over
-    // an interval that began at slow_since_ns (0: none begun) with
-    // slow_since_left bytes left, in which its pacing allowed slow_allowed
-    // bytes up to the last measurement (measured_ns), at slow_last_pace
-    // then (IsUnderPace).
-    std::atomic<int64_t> slow_since_ns;
-    std::atomic<uint64_t> slow_since_left;
-    std::atomic<uint64_t> slow_allowed;
-    std::atomic<uint64_t> slow_last_pace;
-    std::atomic<bool> slow;
     // At rest (LookAtRest): the bytes written to its socket at the first
     // look of this rest (kNoKernelBase: not looked yet), the next look, and
     // the gap before it.
@@ -447,12 +435,6 @@ class Governor final : public WatcherDuties {
     std::atomic<int64_t> rest_look_ns;
     std::atomic<int64_t> rest_gap_ns;
   };
-  // Budget mode, at a measurement (left bytes had left, unsent still
-  // queued, at pace), before MeasureConn records it in measured_ns:
-  // whether the connection sends less than its pacing allows
-  // (KeySlotShm::under_pace).
-  static bool IsUnderPace(LocalConn& local, uint64_t left, int64_t unsent,
-                          uint64_t pace, int64_t now_ns);
   // Budget mode: whether a visit should re-apply a changed level now (see
   // governor_budget.cc).
   bool ApplyDue(const LocalConn& local, const ConnSlotShm& conn,

@@ -17,6 +17,7 @@
 
 #include "src/base/clock.h"
 #include "src/budget/budget.h"
+#include "src/budget/meter.h"
 #include "src/budget/share.h"
 #include "src/net/tcp_counts.h"
 #include "src/runtime/governor.h"
@@ -25,16 +26,6 @@
 namespace trafficrate {
 namespace {
 
-// A connection is measured about every packet at its pacing rate (two
-// segments at least), and at least every 2 s: a syscall per connection per
-// tick would cost more than the whole budget allows at 10 000 connections
-// (1% of a core: about 1 us per connection and second, and a syscall costs
-// 1.3-2 us here). Between measurements EstimateConn counts it at the rate
-// it was leaving, at most its pace.
-constexpr int64_t kMaxMeasureGapNs = kBudgetMaxMeasureGapNs;
-constexpr uint64_t kTwoSegmentsBytes = 2 * kSegmentBytes;
-// The largest packet the kernel builds (GSO), the most one step counts as.
-constexpr uint64_t kMaxPacketBytes = 65536;
 // A key is decided at least this often (its connections' packets are 2 s
 // apart or more then, and every time constant of the controller is two
 // packet gaps or more: KeyPace), and well within kBudgetMaxGapNs.
@@ -76,21 +67,6 @@ constexpr int64_t kMaxDrainNs = 30 * kNsPerSec;
 // fd limit, if lower): above what hosts use, but low enough that the
 // kernel's fd table does not grow much for them.
 constexpr rlim_t kKeptFdBase = 4096;
-// A connection that sends less than this part of its pace (over a second
-// and eight packet gaps at least) is counted as using less than its share.
-constexpr double kSlowPart = 0.85;
-
-// The packet size a connection is scheduled by: what was measured, at
-// least two segments, and two segments until measured (a slow connection
-// takes seconds to get past its unpaced first segments, which do not
-// count). The packet shaper's pieces are smaller at low levels (256 B at a
-// few KB/s); the count then moves in small steps, and visiting by their gap
-// would cost the watcher several times what it costs for the kernel's own
-// two-segment packets, for no better count (the controller sizes its band
-// and speed by two segments at least too: budget.cc).
-uint32_t PacketOrTwoSegments(uint32_t packet_bytes) {
-  return std::max(packet_bytes, static_cast<uint32_t>(kTwoSegmentsBytes));
-}
 
 // A decision or visit interval: gap_ns up to kMaxDecideGapNs, times the
 // watcher's CPU stretch, up to kMaxStretchedDecideGapNs.
@@ -119,26 +95,6 @@ int64_t VisitGapNs(uint32_t packet_bytes, uint64_t pace, const CpuBudget& cpu) {
 uint32_t VisitRoundTicks(const CpuBudget& cpu) {
   if (cpu.stretch() >= 4) return kMaxVisitRoundTicks;
   return cpu.stretch() >= 2 ? 2 * kVisitRoundTicks : kVisitRoundTicks;
-}
-
-// Two segments at the pace, or three quarters of the shaper's piece (each
-// piece is a packet) if that is more, in [a tick, kMaxMeasureGapNs], times
-// the watcher's CPU stretch. Less than a packet gap, so that the smallest
-// step between two measurements stays one packet (MeasureConn learns the
-// packet size from it); more often would only see the same packet again.
-// A key's pieces are about a thousandth of its rate (shaper.h): a key with
-// many connections sends each a piece seconds apart, and measuring those
-// every two segments cost the watcher 6% of a core per 10 000 connections.
-// The piece, not the measured packet: that one is learnt from these
-// measurements' steps, and the gap must not grow with it.
-int64_t MeasureGapNs(uint32_t piece_bytes, uint64_t pacing_bytes_per_sec,
-                     const CpuBudget& cpu) {
-  if (pacing_bytes_per_sec == 0) return kBudgetTickNs;
-  const uint64_t bytes =
-      std::max<uint64_t>(kTwoSegmentsBytes, uint64_t{piece_bytes} * 3 / 4);
-  const uint64_t gap = bytes * kNsPerSec / pacing_bytes_per_sec;
-  return cpu.Stretch(std::clamp<int64_t>(static_cast<int64_t>(gap),
-                                         kBudgetTickNs, kMaxMeasureGapNs));
 }
 
 // How far a key's count at `level` may lag (BudgetInput::count_lag_ns):
@@ -260,7 +216,7 @@ int64_t Governor::TickBudget(int64_t now_ns) {
         conn.proc_index.load(std::memory_order_relaxed) == me) {
       MeasureConn(fd, entry, state, conn, now_ns);
       const uint32_t packet =
-          local.packet_bytes.load(std::memory_order_relaxed);
+          local.meter.packet_bytes.load(std::memory_order_relaxed);
       NoteAndDecide(conn, packet, now_ns);
       if (ApplyDue(local, conn, packet, now_ns) &&
           ApplyIfChanged(fd, entry, state, conn)) {
@@ -386,48 +342,12 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
       conn.share_bytes_per_sec.load(std::memory_order_relaxed);
   if (unsent >= 0) {
     // Pinned: the host's close, which takes it off the count, waits.
-    zone_->conns().SetUnderPace(StateConn(state),
-                                IsUnderPace(local, left, unsent, pace, now_ns));
+    zone_->conns().SetUnderPace(
+        StateConn(state), local.meter.UnderPace(left, unsent, pace, now_ns));
   }
   FdTable::Unpin(entry);
   if (unsent < 0) return;
-  const int64_t prev_ns = local.measured_ns.load(std::memory_order_relaxed);
-  const uint64_t prev_left =
-      local.measured_left.load(std::memory_order_relaxed);
-  uint64_t rate = 0;
-  if (prev_ns != 0 && left >= prev_left) {
-    const uint64_t step = left - prev_left;
-    if (now_ns > prev_ns) {
-      const uint64_t inst = static_cast<uint64_t>(
-          static_cast<double>(step) * kNsPerSec / (now_ns - prev_ns));
-      const uint64_t before = local.left_rate.load(std::memory_order_relaxed);
-      rate = before == 0 ? inst : (before + inst) / 2;
-    }
-    if (step > 0 && prev_left >= kUnpacedStartBytes) {
-      // Bytes leave in whole packets (TSO: up to 64 KiB on fast paths), and
-      // a connection is measured about every two segments at its pace:
-      // what left between two measurements of a slow connection is a
-      // packet. Not its first segments, which the kernel sends at once
-      // (they are no packet of its pace). A visit that comes late sees two
-      // packets or more at once, so the smallest step is the packet: a
-      // smaller one is taken at once, a larger one a quarter at a time.
-      // A measurement spaced out by the watcher's CPU stretch comes that
-      // many times later, and sees that many times the bytes: as many
-      // packets, not a larger one (a larger packet would slow the key's
-      // controller, and 10 000 keys at 2 KB/s fell to 0.8 of their rate).
-      const uint32_t before =
-          local.packet_bytes.load(std::memory_order_relaxed);
-      const uint32_t seen = static_cast<uint32_t>(std::min(
-          static_cast<uint64_t>(static_cast<double>(step) / cpu_.stretch()),
-          kMaxPacketBytes));
-      local.packet_bytes.store(
-          before == 0 ? seen : std::min(seen, before + before / 4),
-          std::memory_order_relaxed);
-    }
-  }
-  local.measured_left.store(left, std::memory_order_relaxed);
-  local.measured_ns.store(now_ns, std::memory_order_relaxed);
-  local.left_rate.store(rate, std::memory_order_relaxed);
+  local.meter.Record(left, cpu_.stretch(), now_ns);
   if (rules_.AfterBytes(conn) > 0 &&
       conn.bytes_left.load(std::memory_order_relaxed) == 0) {
     // TRAFFICRATE_AFTER: what a connection sent before it joined is free.
@@ -447,8 +367,8 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
     // `next` (TickBudget: up to VisitGapNs later).
     const int64_t idle_check =
         next +
-        VisitGapNs(local.packet_bytes.load(std::memory_order_relaxed), pace,
-                   cpu_) +
+        VisitGapNs(local.meter.packet_bytes.load(std::memory_order_relaxed),
+                   pace, cpu_) +
         kBudgetTickNs;
     if (local.next_idle_check_ns.load(std::memory_order_relaxed) < idle_check) {
       local.next_idle_check_ns.store(idle_check, std::memory_order_relaxed);
@@ -461,81 +381,13 @@ void Governor::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   }
 }
 
-bool Governor::IsUnderPace(LocalConn& local, uint64_t left, int64_t unsent,
-                           uint64_t pace, int64_t now_ns) {
-  const int64_t since = local.slow_since_ns.load(std::memory_order_relaxed);
-  const uint64_t since_left =
-      local.slow_since_left.load(std::memory_order_relaxed);
-  if (since == 0 || pace == 0 || left < since_left) {
-    local.slow_since_ns.store(now_ns, std::memory_order_relaxed);
-    local.slow_since_left.store(left, std::memory_order_relaxed);
-    local.slow_allowed.store(0, std::memory_order_relaxed);
-  } else {
-    // What its pacing allowed since the last measurement: the lower of
-    // its pace then and now (a raise reaches it only at its next packet).
-    const uint64_t last_pace =
-        local.slow_last_pace.load(std::memory_order_relaxed);
-    const int64_t last_ns = local.measured_ns.load(std::memory_order_relaxed);
-    const uint64_t low = std::min(last_pace, pace);
-    const uint64_t allowed =
-        local.slow_allowed.load(std::memory_order_relaxed) +
-        static_cast<uint64_t>(static_cast<double>(low) *
-                              std::max<int64_t>(0, now_ns - last_ns) /
-                              kNsPerSec);
-    // Long enough that whole packets do not decide it (an eighth of what
-    // was allowed at most), and a second at least.
-    const int64_t span = std::max<int64_t>(
-        kNsPerSec,
-        static_cast<int64_t>(
-            8 * PacketGapNs(PacketOrTwoSegments(local.packet_bytes.load(
-                                std::memory_order_relaxed)),
-                            static_cast<double>(std::max<uint64_t>(1, low)))));
-    if (now_ns - since >= span) {
-      // Under kSlowPart of that: held back by something else (its client's
-      // window, the path, the host), so it uses less than its share.
-      local.slow.store(static_cast<double>(left - since_left) <
-                           kSlowPart * static_cast<double>(allowed),
-                       std::memory_order_relaxed);
-      local.slow_since_ns.store(now_ns, std::memory_order_relaxed);
-      local.slow_since_left.store(left, std::memory_order_relaxed);
-      local.slow_allowed.store(0, std::memory_order_relaxed);
-    } else {
-      local.slow_allowed.store(allowed, std::memory_order_relaxed);
-    }
-  }
-  local.slow_last_pace.store(pace, std::memory_order_relaxed);
-  // Nothing queued: the host has given it nothing more to send.
-  return unsent == 0 || local.slow.load(std::memory_order_relaxed);
-}
-
 void Governor::EstimateConn(const LocalConn& local, ConnSlotShm& conn,
                             int64_t now_ns) {
-  const int64_t since = local.measured_ns.load(std::memory_order_relaxed);
-  // At most its pace: bytes leave in packets, so what was seen between two
-  // measurements may be a packet sent at once, and extrapolating that would
-  // count ahead of what really left.
-  uint64_t rate = local.left_rate.load(std::memory_order_relaxed);
-  const uint64_t pace =
-      conn.share_bytes_per_sec.load(std::memory_order_relaxed);
-  if (pace > 0) rate = std::min(rate, pace);
-  if (since == 0 || rate == 0 || now_ns <= since ||
-      conn.bytes_left.load(std::memory_order_relaxed) == 0) {
-    return;
-  }
-  // What left since the last measurement, at the rate it was leaving; at
-  // most what was handed to the kernel. An estimate too high holds the
-  // count until the real bytes catch up (Account only adds).
-  const uint64_t estimate =
-      local.measured_left.load(std::memory_order_relaxed) +
-      static_cast<uint64_t>(static_cast<double>(rate) * (now_ns - since) /
-                            kNsPerSec);
-  // Less than a segment more: not worth a write to the key's shared line.
-  if (estimate <
-      conn.bytes_left.load(std::memory_order_relaxed) + kSegmentBytes) {
-    return;
-  }
-  Account(*zone_, conn,
-          std::min(estimate, conn.bytes_sent.load(std::memory_order_relaxed)));
+  const uint64_t estimate = local.meter.Estimate(
+      conn.share_bytes_per_sec.load(std::memory_order_relaxed),
+      conn.bytes_left.load(std::memory_order_relaxed),
+      conn.bytes_sent.load(std::memory_order_relaxed), now_ns);
+  if (estimate > 0) Account(*zone_, conn, estimate);
 }
 
 void Governor::NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
@@ -869,7 +721,8 @@ bool Governor::TickDrains(int64_t now_ns) {
     }
     conn.drain_bytes.store(remaining, std::memory_order_relaxed);
     if (BudgetWanted()) {
-      NoteAndDecide(conn, local.packet_bytes.load(std::memory_order_relaxed),
+      NoteAndDecide(conn,
+                    local.meter.packet_bytes.load(std::memory_order_relaxed),
                     now_ns);
     }
     if (!done) continue;
