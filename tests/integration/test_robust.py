@@ -710,7 +710,7 @@ def extreme_bytes(size, which):
 
 
 def test_header_table_matches_the_pinned_layout():
-    text = (harness.REPO_ROOT / "tests" / "zone_layout_test.cc").read_text()
+    text = (harness.REPO_ROOT / "tests" / "shm" / "zone_layout_test.cc").read_text()
     pinned = {m.group(1): int(m.group(2)) for m in re.finditer(
         r"offsetof\(ZoneHeaderShm, (\w+)\), (\d+)u\)", text)}
     size = int(re.search(r"sizeof\(ZoneHeaderShm\), (\d+)u\)", text).group(1))
