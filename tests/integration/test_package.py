@@ -92,7 +92,7 @@ def test_installed_version_and_check(installed):
     assert version["rc"] == 0
     assert version["out"].startswith("trafficrate 0.")
     layout = re.search(r"kZoneLayoutVersion = (\d+);", (
-        harness.REPO_ROOT / "src" / "zone_layout.h").read_text()).group(1)
+        harness.REPO_ROOT / "src" / "shm" / "zone_layout.h").read_text()).group(1)
     assert "zone layout %s " % layout in version["out"], version
     assert "features:" in version["out"], version
     check = installed["check"]
