@@ -35,10 +35,14 @@ void ConnMeter::Reset() {
   measured_ns.store(0, std::memory_order_relaxed);
   left_rate.store(0, std::memory_order_relaxed);
   packet_bytes.store(0, std::memory_order_relaxed);
-  slow_since_ns.store(0, std::memory_order_relaxed);
   slow_since_left.store(0, std::memory_order_relaxed);
   slow_allowed.store(0, std::memory_order_relaxed);
   slow_last_pace.store(0, std::memory_order_relaxed);
+  RestartUnderPace();
+}
+
+void ConnMeter::RestartUnderPace() {
+  slow_since_ns.store(0, std::memory_order_relaxed);
   slow.store(false, std::memory_order_relaxed);
 }
 

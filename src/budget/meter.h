@@ -58,6 +58,10 @@ int64_t MeasureGapNs(uint32_t piece_bytes, uint64_t pacing_bytes_per_sec,
 struct ConnMeter {
   // Forgets everything: a new registration.
   void Reset();
+  // Judges afresh whether it sends under its pace (UnderPace), keeping
+  // what was measured: a connection that rejoins after being idle, whose
+  // idle time says nothing about it.
+  void RestartUnderPace();
 
   // At a measurement (left bytes had left, unsent still queued, at pace),
   // before Record: whether the connection sends less than its pacing

@@ -496,8 +496,7 @@ void Governor::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
     entry.visit_tick.store(0, std::memory_order_relaxed);
     // Whether it sends under its pace is judged afresh: the time it was
     // idle says nothing about it.
-    local_[index].meter.slow_since_ns.store(0, std::memory_order_relaxed);
-    local_[index].meter.slow.store(false, std::memory_order_relaxed);
+    local_[index].meter.RestartUnderPace();
     ApplyIfChanged(fd, entry, state, conn);
   }
 }

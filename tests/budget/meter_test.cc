@@ -106,6 +106,17 @@ TEST_F(ConnMeterTest, ASlowReaderIsJudgedOverASecondAtLeast) {
   EXPECT_FALSE(under);
 }
 
+TEST_F(ConnMeterTest, ARestartForgetsTheVerdictButNotTheMeasurements) {
+  meter_.Record(100'000, 1.0, kStart);
+  meter_.slow.store(true);
+  meter_.slow_since_ns.store(kStart);
+  meter_.RestartUnderPace();
+  // Bytes queued: not under its pace until a new span has been judged.
+  EXPECT_FALSE(meter_.UnderPace(100'000, 5'000, 100'000, kStart + kMs));
+  EXPECT_EQ(meter_.measured_left.load(), 100'000u);
+  EXPECT_EQ(meter_.measured_ns.load(), kStart);
+}
+
 TEST(MeasureGapTest, TwoSegmentsOrThreeQuartersOfAPieceAtThePace) {
   const CpuBudget cpu;
   // Two segments at 2896 B/s: a second.
