@@ -14,6 +14,7 @@ nothing. Run alone with
     /usr/bin/python3 -m pytest -p no:cacheprovider tests/integration/test_docs.py
 """
 
+import functools
 import pathlib
 import re
 import subprocess
@@ -27,6 +28,17 @@ README_MAX_LINES = 320
 # Documents whose links are checked.
 LINKED = ["README.md", "bench/README.md"] + sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+
+
+@functools.lru_cache(maxsize=None)
+def tracked_lines():
+    """The lines of the checkout's files that cite documents (sources,
+    scripts and documents; not recorded benchmark results, nor this file),
+    as (file, line number, line), read once for every check."""
+    return tuple((relative, number, line)
+                 for relative in tracked_sources()
+                 for number, line in enumerate(
+                     (ROOT / relative).read_text(errors="replace").splitlines(), 1))
 
 
 def tracked_sources():
@@ -189,23 +201,15 @@ def test_readme_is_a_front_page():
 
 
 def test_no_citation_of_a_missing_design_file():
-    hits = []
-    for relative in tracked_sources():
-        text = (ROOT / relative).read_text(errors="replace")
-        hits += ["%s:%d: %s" % (relative, number, line.strip())
-                 for number, line in enumerate(text.splitlines(), 1)
-                 if "DESIGN.md" in line]
+    hits = ["%s:%d: %s" % (relative, number, line.strip())
+            for relative, number, line in tracked_lines() if "DESIGN.md" in line]
     assert not hits, "DESIGN.md is not in the repository; cite docs/design.md:\n" + "\n".join(hits)
 
 
 def test_every_cited_docs_path_exists():
     """Comments, messages and scripts that name a docs/ page name one that
     is there (the bypass line a server logs names docs/how-it-works.md)."""
-    missing = []
-    for relative in tracked_sources():
-        text = (ROOT / relative).read_text(errors="replace")
-        for number, line in enumerate(text.splitlines(), 1):
-            for path in DOC_PATH.findall(line):
-                if not (ROOT / path).is_file():
-                    missing.append("%s:%d: %s" % (relative, number, path))
+    missing = ["%s:%d: %s" % (relative, number, path)
+               for relative, number, line in tracked_lines()
+               for path in DOC_PATH.findall(line) if not (ROOT / path).is_file()]
     assert not missing, "no such document:\n" + "\n".join(missing)
