@@ -22,8 +22,8 @@ struct ConfigReading {
   Config config;
   // The first variable set that a rules file replaces (TRAFFICRATE_CONFIG).
   const char* replaced = nullptr;
-  // Which cluster variables were set: their companion checks come last.
-  bool cluster_secret_set = false;
+  // The first TRAFFICRATE_CLUSTER_* variable set: the check that it has
+  // TRAFFICRATE_CLUSTER comes last (CheckCluster).
   const char* cluster_companion_set = nullptr;
 };
 
@@ -155,7 +155,8 @@ absl::Status ReadClusterHost(absl::string_view value, ConfigReading& r) {
 }
 
 absl::Status CheckCluster(const ConfigReading& r) {
-  if (r.config.cluster && !r.cluster_secret_set) {
+  // A secret that was set is never empty (ParseClusterSecret).
+  if (r.config.cluster && r.config.cluster_secret.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         kEnvClusterSecret, ": unset, but ", kEnvCluster, " is set; use ",
         kMinClusterSecretBytes, " to ", kMaxClusterSecretBytes,
@@ -356,13 +357,9 @@ absl::StatusOr<Config> ParseConfig(EnvLookup env) {
     if (variable.replaced_by_rules_file && reading.replaced == nullptr) {
       reading.replaced = variable.name;
     }
-    if (absl::StartsWith(variable.name, kClusterCompanionPrefix)) {
-      if (reading.cluster_companion_set == nullptr) {
-        reading.cluster_companion_set = variable.name;
-      }
-      if (variable.read == &ReadClusterSecret) {
-        reading.cluster_secret_set = true;
-      }
+    if (absl::StartsWith(variable.name, kClusterCompanionPrefix) &&
+        reading.cluster_companion_set == nullptr) {
+      reading.cluster_companion_set = variable.name;
     }
     TRAFFICRATE_RETURN_IF_ERROR(variable.read(value, reading));
   }
