@@ -234,6 +234,20 @@ TEST(ParseConfigTest, FirstErrorWins) {
   ExpectErrorNaming(env.Parse().status(), kEnvRate);
 }
 
+TEST(ParseConfigTest, ClusterNeedsItsSecretAndCompanionsNeedTheCluster) {
+  FakeEnv no_secret = {{kEnvRate, "1m"}, {kEnvCluster, "redis://127.0.0.1"}};
+  const absl::Status missing = no_secret.Parse().status();
+  EXPECT_THAT(std::string(missing.message()),
+              StartsWith(std::string(kEnvClusterSecret) + ": unset, but "));
+  // The first companion set, in the order they are read, is named.
+  FakeEnv no_cluster = {
+      {kEnvRate, "1m"}, {kEnvClusterHost, "web1"}, {kEnvClusterDecay, "5s"}};
+  const absl::Status alone = no_cluster.Parse().status();
+  EXPECT_THAT(std::string(alone.message()),
+              StartsWith(std::string(kEnvClusterDecay) + ": set, but " +
+                         kEnvCluster + " is not"));
+}
+
 TEST(ParseConfigTest, ClusterVariables) {
   FakeEnv env = {{kEnvRate, "1m"},
                  {kEnvZone, "web"},
