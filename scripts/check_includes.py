@@ -58,7 +58,7 @@ def check_layers(root):
     as {unit: {unit it includes}}."""
     breaches, graph = [], {}
     src = root / "src"
-    for path in sorted(src.glob("*.h")) + sorted(src.glob("*.cc")):
+    for path in source_files(src):
         breaches.append("%s: src/ holds layer folders only" % path.relative_to(root))
     for folder in sorted(p for p in src.iterdir() if p.is_dir()):
         if folder.name not in BELOW:
