@@ -6,6 +6,7 @@ namespace {
 class RealClock final : public Clock {
  public:
   int64_t NowNs() const override { return MonotonicNowNs(); }
+  int64_t CoarseNowNs() const override { return CoarseMonotonicNowNs(); }
   void SleepNs(int64_t ns) const override { trafficrate::SleepNs(ns); }
 };
 

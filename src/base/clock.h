@@ -54,6 +54,9 @@ inline void SleepNs(int64_t ns) {
 class Clock {
  public:
   virtual int64_t NowNs() const = 0;
+  // For stamps taken on every send: CoarseMonotonicNowNs for the real
+  // clock, NowNs for a test's.
+  virtual int64_t CoarseNowNs() const { return NowNs(); }
   // Sleeps for ns (nothing when ns <= 0).
   virtual void SleepNs(int64_t ns) const = 0;
 
@@ -61,7 +64,8 @@ class Clock {
   ~Clock() = default;
 };
 
-// CLOCK_MONOTONIC (MonotonicNowNs) and nanosleep (SleepNs).
+// CLOCK_MONOTONIC (MonotonicNowNs, CoarseMonotonicNowNs) and nanosleep
+// (SleepNs).
 const Clock& MonotonicClock();
 
 }  // namespace trafficrate

@@ -138,7 +138,7 @@ void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
   if (local_ == nullptr) return;
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr) {
-    if (fd >= 0 && Logger::Allow(last_fd_log_ns_, MonotonicNowNs())) {
+    if (fd >= 0 && Logger::Allow(last_fd_log_ns_, options_.clock->NowNs())) {
       logger_->Warning(
           "fd %d is above the fd table's %d entries; its "
           "connection is not governed",
@@ -177,7 +177,7 @@ void Governor::Register(int fd, FdEntry& entry, const ConnKey& key,
     if (watcher_.starting()) MarkPending(fd, entry, &key);
     return;
   }
-  const int64_t now = MonotonicNowNs();
+  const int64_t now = options_.clock->NowNs();
   uint32_t conn = kNoSlot;
   uint32_t cookie = 0;
   {
@@ -378,7 +378,7 @@ Shape Governor::BeforeSend(int fd) {
   // A tick's precision is plenty for idleness (TRAFFICRATE_IDLE is 200 ms by
   // default; a stamp a tick early only makes an idle look come a tick early,
   // and it still finds what is queued).
-  local_[StateConn(state)].last_send_ns.store(CoarseMonotonicNowNs(),
+  local_[StateConn(state)].last_send_ns.store(options_.clock->CoarseNowNs(),
                                               std::memory_order_relaxed);
   const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
   if (!ConnValid(conn, state)) {
@@ -852,13 +852,13 @@ int Governor::BeforePassFds(const msghdr* msg) {
     if (!lock.ok() || !ConnValid(zone_->conns().slot(index), state)) return;
     if (zone_->handoffs().PublishLocked(inode, index, StateCookie(state),
                                         watcher_.proc_index(),
-                                        MonotonicNowNs())) {
+                                        options_.clock->NowNs())) {
       ++published;
     } else {
       full = true;
     }
   });
-  if (full && Logger::Allow(last_handoff_log_ns_, MonotonicNowNs())) {
+  if (full && Logger::Allow(last_handoff_log_ns_, options_.clock->NowNs())) {
     logger_->Warning(
         "zone %s: too many sockets passed between processes and not yet "
         "received (%u); the ones passed now are not governed by their "
@@ -910,7 +910,8 @@ void Governor::ReceiveFd(int fd) {
     // the sender's) ends the registration.
     if (conn != kNoSlot) zone_->conns().TransferLocked(conn, me, fd);
   }
-  if (conn != kNoSlot) Adopt(fd, *entry, conn, cookie, MonotonicNowNs(), 0);
+  if (conn != kNoSlot)
+    Adopt(fd, *entry, conn, cookie, options_.clock->NowNs(), 0);
 }
 
 void Governor::ExpireHandoffs(int64_t now_ns) {
@@ -1312,7 +1313,7 @@ void Governor::PassThroughAll() {
 
 void Governor::ReapDead() {
   if (options_.agent != nullptr && watcher_.proc_index() != kNoSlot) {
-    options_.agent->Poll(watcher_.proc_index(), MonotonicNowNs());
+    options_.agent->Poll(watcher_.proc_index(), options_.clock->NowNs());
   }
   uint32_t procs = 0;
   const uint32_t conns = zone_->ReapDead(&procs);

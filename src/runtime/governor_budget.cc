@@ -513,7 +513,7 @@ bool Governor::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
   conn.drain_bytes.store(static_cast<uint64_t>(unsent),
                          std::memory_order_relaxed);
   // While draining, next_measure_ns holds when the drain began.
-  const int64_t now = MonotonicNowNs();
+  const int64_t now = options_.clock->NowNs();
   local_[index].drain_last_ns.store(now, std::memory_order_relaxed);
   local_[index].next_measure_ns.store(now, std::memory_order_relaxed);
   const int kept = may_keep_fd ? KeepFd(fd, static_cast<uint32_t>(slot)) : -1;

@@ -59,8 +59,13 @@ uint32_t Watcher::EnsureStarted() {
   const uint32_t p = proc_.load(std::memory_order_acquire);
   if (p != kNoSlot) return p;
   int expected = kNotStarted;
+  if (!timing_.run_thread) {
+    // Tests: the slot is claimed here, and the test runs the duties.
+    if (state_.compare_exchange_strong(expected, kStarting)) Claim();
+    return proc_.load(std::memory_order_acquire);
+  }
   if (state_.compare_exchange_strong(expected, kStarting)) {
-    start_deadline_ns_.store(MonotonicNowNs() + kStartWaitNs,
+    start_deadline_ns_.store(timing_.clock->NowNs() + kStartWaitNs,
                              std::memory_order_release);
     const int rc = StartLibraryThread(&thread_, &Main, this, kStackBytes,
                                       /*detached=*/false);
@@ -75,8 +80,8 @@ uint32_t Watcher::EnsureStarted() {
   }
   const int64_t deadline = start_deadline_ns_.load(std::memory_order_acquire);
   while (state_.load(std::memory_order_acquire) == kStarting &&
-         MonotonicNowNs() < deadline) {
-    SleepNs(20'000);
+         timing_.clock->NowNs() < deadline) {
+    timing_.clock->SleepNs(20'000);
   }
   return proc_.load(std::memory_order_acquire);
 }
@@ -109,12 +114,12 @@ bool Watcher::Claim() {
     }
     ZoneLock lock(*zone_, kWatcherLockWaitNs);
     if (lock.ok()) {
-      me = zone_->procs().ClaimLocked(proc_pid, MonotonicNowNs(), &liveness_,
-                                      &reaped);
+      me = zone_->procs().ClaimLocked(proc_pid, timing_.clock->NowNs(),
+                                      &liveness_, &reaped);
       break;
     }
     if (zone_->lock_stalled() && !zone_->RecheckLock()) {
-      SleepNs(kWatcherLockWaitNs);
+      timing_.clock->SleepNs(kWatcherLockWaitNs);
     }
   }
   if (reaped > 0) zone_->changes().WakeWatchers();
@@ -140,12 +145,14 @@ void Watcher::Run() {
   const ZoneChanges changes(zone_);
   const uint32_t seen = changes.Word();
   if (!Claim()) return;
-  WatcherLoop loop(duties_, timing_, MonotonicClock(), changes, seen);
+  WatcherLoop loop(duties_, timing_, *timing_.clock, changes, seen);
   while (!stop_.load(std::memory_order_acquire)) {
     if (!loop.Pass()) {
       // Corrupt: the process passes through; nothing to do but wait for
       // the end, without touching the zone.
-      while (!stop_.load(std::memory_order_acquire)) SleepNs(kNsPerSec / 10);
+      while (!stop_.load(std::memory_order_acquire)) {
+        timing_.clock->SleepNs(kNsPerSec / 10);
+      }
       break;
     }
   }
@@ -155,6 +162,12 @@ void Watcher::Run() {
 
 void Watcher::Stop() {
   if (state_.load(std::memory_order_acquire) != kRunning) return;
+  if (!timing_.run_thread) {
+    liveness_.Release();
+    proc_.store(kNoSlot, std::memory_order_release);
+    state_.store(kNotStarted, std::memory_order_release);
+    return;
+  }
   stop_.store(true, std::memory_order_release);
   zone_->changes().WakeWatchers();
   pthread_join(thread_, nullptr);

@@ -58,6 +58,13 @@ struct WatcherTiming {
   int64_t idle_ns = 200'000'000;    // TRAFFICRATE_IDLE
   int64_t coalesce_ns = 2'000'000;  // minimum gap between share scans
   int64_t reap_interval_ns = 250'000'000;
+  // Where the watcher and the Governor take the time from (not owned;
+  // outlives them).
+  const Clock* clock = &MonotonicClock();
+  // False (tests): the watcher claims the process slot in the caller of
+  // Watcher::EnsureStarted and runs no thread; the test calls the duties
+  // itself, at the times its clock says.
+  bool run_thread = true;
 };
 
 class WatcherLoop {
