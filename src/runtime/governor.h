@@ -18,6 +18,15 @@
 // The lib/ interposers are thin glue over these calls; tests drive them on
 // real sockets without LD_PRELOAD.
 //
+// The Governor holds the hot path (BeforeSend, AfterSend) and the process's
+// life (fork, the watcher); the rest is done by its parts, each a unit of
+// its own over the same GovernorContext (governor_context.h): the registry
+// (registry.h), pacing (pacer.h), fd events (fd_events.h), fd passing
+// (fd_passing.h), idle expiry (idle_expiry.h), the budget ticks
+// (budget_ticks.h, key_decisions.h), drains (drains.h) and zone health
+// (zone_health.h). Classification (classify.h), the rule set (rule_set.h)
+// and inherited sockets (inherited.h) are units below them.
+//
 // Ownership: zone, table and logger must outlive the Governor. In the library
 // nothing is ever destroyed (host threads may send while the process exits).
 // Thread safety: every public function may be called from any thread.
@@ -25,7 +34,6 @@
 #ifndef TRAFFICRATE_SRC_RUNTIME_GOVERNOR_H_
 #define TRAFFICRATE_SRC_RUNTIME_GOVERNOR_H_
 
-#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -35,57 +43,26 @@
 #include "src/base/log.h"
 #include "src/base/process_token.h"
 #include "src/budget/cpu_budget.h"
-#include "src/budget/meter.h"
 #include "src/budget/shaped_send.h"
-#include "src/budget/shaper.h"
-#include "src/config/rules.h"
-#include "src/config/rules_file.h"
-#include "src/net/key.h"
+#include "src/runtime/budget_ticks.h"
+#include "src/runtime/drains.h"
+#include "src/runtime/fd_events.h"
+#include "src/runtime/fd_passing.h"
 #include "src/runtime/fd_table.h"
+#include "src/runtime/governor_context.h"
+#include "src/runtime/governor_options.h"
+#include "src/runtime/host_epolls.h"
+#include "src/runtime/idle_expiry.h"
+#include "src/runtime/key_decisions.h"
+#include "src/runtime/local_conns.h"
+#include "src/runtime/pacer.h"
+#include "src/runtime/registry.h"
 #include "src/runtime/rule_set.h"
 #include "src/runtime/watcher.h"
+#include "src/runtime/zone_health.h"
 #include "src/shm/zone.h"
 
 namespace trafficrate {
-
-// The watcher's timing (idle_ns: TRAFFICRATE_IDLE, coalesce_ns,
-// reap_interval_ns) is part of the Governor's options.
-// SO_MAX_PACING_RATE of a socket the kernel does not pace.
-inline constexpr uint64_t kUnpaced = ~uint64_t{0};
-
-// Work of the zone's that one process at a time does, outside the host's
-// calls (the fleet exchange, cluster_agent.h). The watcher polls it.
-class ZoneAgent {
- public:
-  virtual ~ZoneAgent() = default;
-  // From the watcher of process slot `proc`, about every reap interval:
-  // takes the work over if nobody does it.
-  virtual void Poll(uint32_t proc, int64_t now_ns) = 0;
-  // In the child after fork: whatever ran in the parent did not survive.
-  virtual void AfterForkChild() = 0;
-};
-
-struct GovernorOptions : WatcherTiming {
-  KeySpec key;
-  // TRAFFICRATE_PORTS and TRAFFICRATE_EXEMPT, decided once per connection at
-  // accept: a connection they leave out is never registered.
-  AcceptRules rules;
-  // TRAFFICRATE_AFTER: a connection joins its key (takes a share, is paced)
-  // only once it has sent this many bytes.
-  uint64_t after_bytes = 0;
-  // TRAFFICRATE_SHAPE: BeforeSend gives the packet shaper's Shape (shaper.h)
-  // of paced connections; false: always an inactive one.
-  bool shape = true;
-  // TRAFFICRATE_CONFIG: the rules file and its rules, matched in order once
-  // per accepted connection (a getsockname and a walk of their lists;
-  // nothing per send). Empty: key, rules and after_bytes above are the one
-  // rule. `trafficrate reload` makes the watcher read the file again.
-  std::string rules_path;
-  std::vector<Rule> file_rules;
-  // The fleet exchange (TRAFFICRATE_CLUSTER), or null. Not owned; outlives
-  // the Governor.
-  ZoneAgent* agent = nullptr;
-};
 
 class Governor final : public WatcherDuties {
  public:
@@ -126,7 +103,7 @@ class Governor final : public WatcherDuties {
   // the caller passes to ReleaseDetached if fd was replaced, else to
   // Reattach.
   uint64_t Detach(int fd);
-  void ReleaseDetached(uint64_t state) { Release(state); }
+  void ReleaseDetached(uint64_t state) { events_.Release(state); }
   void Reattach(int fd, uint64_t state);
   // Before close_range(first, last) or closefrom(first).
   void OnCloseRange(unsigned int first, unsigned int last);
@@ -161,7 +138,7 @@ class Governor final : public WatcherDuties {
   int AdoptInherited();
   // Unreceived handoffs expire after this long: their sender then ends
   // the registrations it no longer holds an fd of.
-  static constexpr int64_t kHandoffExpiryNs = 2'000'000'000;
+  static constexpr int64_t kHandoffExpiryNs = FdPassing::kHandoffExpiryNs;
   // In the child, after fork: the watcher thread did not survive. Arms the
   // process token.
   void AfterForkChild();
@@ -228,7 +205,7 @@ class Governor final : public WatcherDuties {
   void ExpireHandoffs(int64_t now_ns);
   // The longest a budget-mode watcher sleeps between ticks (a visit round,
   // up to half a second, while it spaces its work out: cpu_budget.h).
-  static constexpr int64_t kMaxBudgetSleepNs = 100'000'000;
+  static constexpr int64_t kMaxBudgetSleepNs = BudgetTicks::kMaxSleepNs;
   // Budget mode (budget.h): whether the zone runs the shared budget, and
   // one tick of it: measures what left this process's sending sockets
   // (their bytes handed to the kernel minus SIOCOUTQNSD), adds it to their
@@ -255,260 +232,30 @@ class Governor final : public WatcherDuties {
   int64_t LastSendNs(int fd) const;
 
  private:
-  // ClassifyConn (classify.h) under the rule table in force.
-  bool ClassifyFd(int fd, const sockaddr* peer, socklen_t peer_len,
-                  ConnKey* key, uint8_t peer16[16], uint16_t* peer_port) const;
-  // Registers fd's connection; its fd entry must still hold `expected`
-  // then (0, or kRegisterPending from RegisterPending), else the
-  // registration ends at once (the fd was closed meanwhile). inherited: the
-  // socket came from the process's parent (an exec'd CGI helper's stdout);
-  // a registration its accepting process made is taken over, as a forked
-  // child's would be, rather than counted twice.
-  void Register(int fd, FdEntry& entry, const ConnKey& key,
-                const uint8_t peer16[16], uint16_t peer_port,
-                uint64_t expected = 0, bool inherited = false);
-  // A registration that could not be made (zone lock stalled, watcher not
-  // started yet, rules being reloaded): the watcher makes it as soon as it
-  // can (RegisterPending), or the fd's next send (RetryRegister). With its
-  // key known, the socket is paced at its rule's rate meanwhile.
-  void MarkPending(int fd, FdEntry& entry, const ConnKey* key);
-  // The watcher, once the zone lock is free: registers and joins the
-  // connections marked pending, without waiting for their next send.
-  void RegisterPending();
-  // Makes fd an fd of this process on connection conn (cookie), whose
-  // registration this process owns now (Register, OnReceivedFds), if fd's
-  // entry still holds `expected`; else ends the registration and returns
-  // false.
-  // fresh: a connection this process accepted, which has sent nothing yet
-  // (its first bytes are cut into first pieces).
-  bool Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
-             int64_t now_ns, uint64_t expected, bool fresh = false);
-  // One received fd (OnReceivedFds).
-  void ReceiveFd(int fd);
-  // pending: the state it had (kRegisterPending, or an inherited socket's
-  // PendingGroupState).
-  void RetryRegister(int fd, FdEntry& entry, uint64_t pending);
-  // After RetryRegister of an inherited socket's fd: its other fds (same
-  // pending group) take the registration, or none if it is not governed.
-  void SettleGroup(int fd, FdEntry& entry, uint64_t pending);
-  // Makes `to` (fd newfd) another fd of from's registration `state`.
-  void CopyRegistration(const FdEntry& from, uint64_t state, FdEntry& to,
-                        int newfd);
-  // Deregisters a connection of this process; true if its key still has
-  // senders to push to.
-  bool DeregisterLocked(uint32_t index);
-  // A close whose deregistration found the zone lock held: the watcher
-  // finishes it (FinishDeferredReleases) once it gets the lock.
-  void DeferRelease(uint64_t state);
-  void FinishDeferredReleases();
-  // The zone was found corrupt: every socket of this process goes back to
-  // unpaced, and nothing touches the zone any more.
-  void PassThroughAll();
-  // PassThroughAll, said once; returns false (for CheckZone).
-  bool PassThroughCorrupt();
-  void JoinSlow(int fd, FdEntry& entry, uint64_t state);
-  // TRAFFICRATE_AFTER: whether the connection's first after_bytes have left
-  // the socket (sent, not merely queued). One ioctl once they are queued.
-  bool PastAfter(int fd, const ConnSlotShm& conn) const;
-  void Reregister(int fd, FdEntry& entry, uint64_t state);
-  // One connection's idle check (ExpireIdle; TickBudget's visits in budget
-  // mode): it leaves its key when nothing was sent for TRAFFICRATE_IDLE and
-  // its socket has nothing queued. Sets *push if siblings must be told, and
-  // *quiet_until_ns (if given) to a time before which another look would
-  // find nothing to do (0: none known).
-  // False if the zone lock could not be had (try again next pass).
-  bool ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
-                    const ConnSlotShm& conn, int64_t now_ns, bool* push,
-                    int64_t* quiet_until_ns = nullptr);
-  // One look at a connection of this process that is registered but not
-  // sending by its sends (it left its key, or never joined): a process that
-  // cannot reach the zone (a CGI child running as another user) may be
-  // writing it. The socket's own count of bytes written says so, and then
-  // it joins (JoinSlow). The looks come further apart the longer it rests
-  // (kRestFirstLookNs doubling up to kRestLastLookNs, stretched with the
-  // watcher's CPU), so that idle keep-alive connections cost little.
-  // Returns the time of the next look: now_ns if it joined (visit it
-  // again at once), 0 if it is not at rest here.
-  int64_t LookAtRest(int fd, FdEntry& entry, uint64_t state,
-                     const ConnSlotShm& conn, int64_t now_ns);
-  // Budget mode: the ticks until a visit of a connection at rest here
-  // should look again (LookAtRest), or otherwise if it is not.
-  uint32_t RestGapTicks(int fd, FdEntry& entry, uint64_t state,
-                        const ConnSlotShm& conn, int64_t now_ns,
-                        uint32_t otherwise);
-  // Forgets what LookAtRest knew of connection slot conn: a new rest starts.
-  void StartRest(uint32_t conn);
-  // Sets the socket's pacing to its key's share if that changed since it
-  // was last applied to this fd; true if it did.
-  bool ApplyIfChanged(int fd, FdEntry& entry, uint64_t state,
-                      const ConnSlotShm& conn);
-  // SO_MAX_PACING_RATE of fd to `rate`, noted as conn's pacing in the
-  // zone; false (nothing noted) if the kernel refused it.
-  bool SetPacing(int fd, const ConnSlotShm& conn, uint64_t rate);
-  void Release(uint64_t state);
-  void AddLocalRef(uint32_t conn_index, uint32_t cookie);
-  bool DropLocalRef(uint32_t conn_index, uint32_t cookie);
-  bool ConnValid(const ConnSlotShm& conn, uint64_t state) const;
-  // REQUIRES: zone lock held. Whether the key of `conn` has sending
-  // connections other than `conn`, whose shares a change must push.
-  bool SiblingsSendingLocked(const ConnSlotShm& conn) const;
-  uint64_t ShareToken(const KeySlotShm& key) const;
-  // The pacing rate for a sending connection of `key`: rate/active in equal
-  // mode, the key's level in budget mode.
-  uint64_t ShareFor(const KeySlotShm& key) const;
-  // Budget mode, watcher: one connection's measurement (SIOCOUTQNSD), its
-  // key's share of the tick, and the drain of closed connections.
-  void MeasureConn(int fd, FdEntry& entry, uint64_t state, ConnSlotShm& conn,
-                   int64_t now_ns);
-  // Notes conn's packet size for its key; decides the key if this is the
-  // first of its connections seen in the tick.
-  void NoteAndDecide(const ConnSlotShm& conn, uint32_t packet_bytes,
-                     int64_t now_ns);
-  void DecideKey(uint32_t key_index, uint32_t packet_bytes, int64_t now_ns);
-  // Whether any closed connection is still draining.
-  bool TickDrains(int64_t now_ns);
-  // Budget mode, close: keeps a connection closed with unsent data in its
-  // key until the kernel has sent it. False if it was not kept. With
-  // may_keep_fd, also keeps its socket open through a private duplicate
-  // (KeepFd), so that the level still reaches what it sends; not from
-  // close_range, which would close that duplicate right after.
-  bool KeepDraining(int fd, uint64_t state, bool may_keep_fd);
-  void CloseFd(int fd, bool may_keep_fd);
-  // Detach, in the process that owns this memory (no SharedWithParent).
-  uint64_t DetachHere(int fd);
-  // Whether closing or replacing fd concerns the library (a governed fd, a
-  // kept drain, or a host's epoll fd).
-  bool Concerns(int fd) const;
-  // A private duplicate of fd, above the host's fds, for drain `slot`,
-  // taken out of the host's epoll sets; -1 if it should not or cannot be.
-  int KeepFd(int fd, uint32_t slot);
-  // Drain `slot`'s kept fd has been untracked by whoever holds kept_drains_
-  // down by one: it is no longer used.
-  void DropKept(uint32_t slot);
-  // Measures and paces a kept drain; the bytes still unsent, or -1.
-  int64_t VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn);
-  // Closes drain `slot`'s kept fd, if it has one (the socket then drains on
-  // by itself); true if it did.
-  bool CloseKept(uint32_t slot);
-
   Zone* const zone_;
   FdTable* const table_;
   const Logger* const logger_;
   const GovernorOptions options_;
-  // What this process knows of each zone connection slot. Idle time is kept
-  // per connection, not per fd: a connection written through a dup only is
-  // still sending.
-  struct LocalConn {
-    std::atomic<uint64_t> refs;  // cookie << 32 | fds of this process on it
-    std::atomic<int64_t> last_send_ns;
-    std::atomic<int64_t> next_measure_ns;  // budget mode
-    std::atomic<int64_t> drain_last_ns;    // budget mode, draining
-    // Budget mode: what the measurements learnt of its sending (the last
-    // one, the rate bytes left at, the packet size, whether it sends less
-    // than its pacing allows), from which the ticks between measurements
-    // estimate what left since (meter.h).
-    ConnMeter meter;
-    // Budget mode: no idle check before this time (the next measurement
-    // looks at its queue anyway).
-    std::atomic<int64_t> next_idle_check_ns;
-    // What its queue held at the last look (an idle check, or a budget
-    // measurement), and when. The next idle check waits for that queue to
-    // leave at the pace then in force, so that a raise of its pace brings
-    // it forward.
-    std::atomic<uint64_t> idle_queued;
-    std::atomic<int64_t> idle_queued_ns;
-    // Budget mode: when the watcher last applied a level to it.
-    std::atomic<int64_t> applied_ns;
-    // The packet shaper (shaper.h): the piece size for the pacing applied
-    // (0: none), its first pieces still to go, and its socket's MSS (0:
-    // not read yet).
-    std::atomic<uint32_t> piece;
-    std::atomic<uint32_t> first_left;
-    std::atomic<uint32_t> mss;
-    // Budget mode: what the kernel had sent of its socket before this
-    // registration (MeasureConn; kNoKernelBase until its first measurement).
-    std::atomic<uint64_t> kernel_base;
-    // At rest (LookAtRest): the bytes written to its socket at the first
-    // look of this rest (kNoKernelBase: not looked yet), the next look, and
-    // the gap before it.
-    std::atomic<uint64_t> rest_written;
-    std::atomic<int64_t> rest_look_ns;
-    std::atomic<int64_t> rest_gap_ns;
-  };
-  // Budget mode: whether a visit should re-apply a changed level now (see
-  // governor_budget.cc).
-  bool ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
-                uint32_t packet_bytes, int64_t now_ns) const;
-  // Between measurements: adds what probably left conn's socket since.
-  void EstimateConn(const LocalConn& local, ConnSlotShm& conn, int64_t now_ns);
-  static constexpr uint64_t kNoKernelBase = ~uint64_t{0};
-  LocalConn* local_ = nullptr;  // zone conn_capacity entries
-  CopyBuffers* copy_buffers_ = nullptr;
-  // Budget mode, this process's view of each key: the tick in which it
-  // last tried to decide it, and the largest packet its connections of the
-  // key sent (LocalConn::packet_bytes) in the window that began at
-  // window_tick and in the one before (NoteAndDecide).
-  struct LocalKey {
-    uint32_t tick;
-    uint32_t packet_bytes;
-    uint32_t packet_before;
-    uint32_t window_tick;
-  };
-  LocalKey* key_local_ = nullptr;  // zone key_capacity entries
-  uint32_t tick_ = 0;
-  // Budget mode, watcher: how late the latest watcher (this one too) was
-  // at the start of this tick (ProcTable::LatestWatcherLateNs); its part of the
-  // counts is missing until it runs (BudgetInput::count_late_ns).
-  int64_t count_late_ns_ = 0;
-  // Budget mode, watcher: the due time of its next tick it last published
-  // (ProcSlotShm::watcher_due_ms), and whether this tick came more than
-  // kBudgetLateHoldNs after it and published none (TickBudget).
-  int64_t published_due_ns_ = 0;
-  bool recounting_ = false;
-  // Watcher: no connection of this process is idle before then, after a
-  // stall (NoteWatcherLate).
-  std::atomic<int64_t> not_idle_before_ns_{0};
-  // Budget mode, watcher: its CPU allowance, which spaces the
-  // per-connection work out while the watcher spends more (cpu_budget.h).
-  CpuBudget cpu_;
-  // Closed connections still draining: (conn << 32 | cookie), 0 if free.
-  static constexpr int kDrainSlots = 1024;
-  // A slot being filled in by KeepDraining; TickDrains leaves it alone.
-  static constexpr uint64_t kDrainFilling = ~0ULL;
-  std::atomic<uint64_t> drains_[kDrainSlots] = {};
-  // Per drain slot: the kept fd + 1 (0: none, the drain is modelled at the
-  // rate in force at close), the share token last applied to it, and when
-  // it is next measured.
-  std::atomic<int32_t> drain_fd_[kDrainSlots] = {};
-  std::atomic<uint64_t> drain_token_[kDrainSlots] = {};
-  std::atomic<int64_t> drain_due_ns_[kDrainSlots] = {};
-  static constexpr int kMaxKeptDrains = 256;
-  std::atomic<int> kept_drains_{0};
-  // The host's epoll fds + 1 (0: free); epolls_unknown_ once there were
-  // more than fit, and then no fd is kept.
-  static constexpr int kMaxEpolls = 16;
-  std::atomic<int32_t> epolls_[kMaxEpolls] = {};
-  std::atomic<bool> epolls_unknown_{false};
   Watcher watcher_;
   int32_t pid_;  // getpid() of the process set up (SharedWithParent)
   ProcessToken process_;
-  // Releases deferred because the zone lock was held (DeferRelease).
-  static constexpr int kDeferredSlots = 1024;
-  std::atomic<uint64_t> deferred_[kDeferredSlots] = {};
-  std::atomic<int> deferred_count_{0};
-  std::atomic<uint64_t> deferred_lost_{0};
-  // The watcher's once-a-second look at the zone (CheckZone).
-  int64_t next_zone_check_ns_ = 0;
-  // Some fd may be kRegisterPending (MarkPending): RegisterPending looks.
-  std::atomic<bool> pending_maybe_{false};
   RuleSet rules_;
-  uint64_t lock_timeouts_said_ = 0;
-  uint64_t deferred_lost_said_ = 0;
-  int stalled_checks_ = 0;
-  mutable std::atomic<int64_t> last_lock_log_ns_{0};
-  mutable std::atomic<int64_t> last_full_log_ns_{0};
+  LocalConns local_;
+  CpuBudget cpu_;
+  CopyBuffers* copy_buffers_ = nullptr;
+  // The parts, in the order they depend on each other.
+  const GovernorContext context_;
+  Pacer pacer_;
+  Registry registry_;
+  HostEpolls epolls_;
+  KeyDecisions decisions_;
+  Drains drains_;
+  IdleExpiry idle_;
+  BudgetTicks ticks_;
+  FdEvents events_;
+  FdPassing passing_;
+  ZoneHealth health_;
   mutable std::atomic<int64_t> last_fd_log_ns_{0};
-  mutable std::atomic<int64_t> last_handoff_log_ns_{0};
 };
 
 }  // namespace trafficrate

@@ -73,6 +73,15 @@ ConnSlotShm* ConnTable::InUseLocked(uint32_t conn_index, uint32_t* key) const {
   return &c;
 }
 
+void ConnTable::CountLeft(ConnSlotShm& conn, uint64_t left) const {
+  const uint64_t before = conn.bytes_left.load(std::memory_order_relaxed);
+  if (left <= before) return;
+  conn.bytes_left.store(left, std::memory_order_relaxed);
+  const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
+  if (k >= keys_->capacity()) return;
+  keys_->slot(k).sent_bytes.fetch_add(left - before, std::memory_order_relaxed);
+}
+
 void ConnTable::MembershipChangedLocked(KeySlotShm& key) {
   key.last_active_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
   key.generation.fetch_add(1, std::memory_order_release);

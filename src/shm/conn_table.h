@@ -74,6 +74,10 @@ class ConnTable {
   // less than its pacing allows (KeySlotShm::under_pace). Only an active
   // connection is counted; a leave takes it off the count.
   void SetUnderPace(uint32_t conn_index, bool under);
+  // Budget mode, lock-free, by the connection's owner: `left` bytes have
+  // left conn's socket in all; what is new since it was last counted
+  // (ConnSlotShm::bytes_left) is added to its key's count.
+  void CountLeft(ConnSlotShm& conn, uint64_t left) const;
 
  private:
   // Connection slot conn_index if it is in use and its key (*key) within
