@@ -82,8 +82,8 @@ void ConnTable::CountLeft(ConnSlotShm& conn, uint64_t left) const {
   keys_->slot(k).sent_bytes.fetch_add(left - before, std::memory_order_relaxed);
 }
 
-void ConnTable::MembershipChangedLocked(KeySlotShm& key) {
-  key.last_active_ns.store(MonotonicNowNs(), std::memory_order_relaxed);
+void ConnTable::MembershipChangedLocked(KeySlotShm& key) const {
+  key.last_active_ns.store(clock_->NowNs(), std::memory_order_relaxed);
   key.generation.fetch_add(1, std::memory_order_release);
 }
 

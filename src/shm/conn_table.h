@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "src/base/clock.h"
 #include "src/shm/key_table.h"
 #include "src/shm/zone_layout.h"
 #include "src/shm/zone_segment.h"
@@ -40,6 +41,9 @@ class ConnTable {
   ConnTable(const ZoneTables& tables, KeyTable& keys,
             const ZoneSettings& settings)
       : t_(tables), keys_(&keys), settings_(&settings) {}
+
+  // Where a join or leave takes its stamp from (Zone::UseClock).
+  void UseClock(const Clock* clock) { clock_ = clock; }
 
   uint32_t capacity() const { return t_.conn_capacity; }
   // REQUIRES: index < capacity().
@@ -84,7 +88,7 @@ class ConnTable {
   // the table; else nullptr.
   ConnSlotShm* InUseLocked(uint32_t conn_index, uint32_t* key) const;
   // A join or leave: the key was active now, and its generation moves.
-  static void MembershipChangedLocked(KeySlotShm& key);
+  void MembershipChangedLocked(KeySlotShm& key) const;
   // Takes a connection off its key's under_pace count if it is on it.
   void DropUnderPace(ConnSlotShm& conn);
   // Budget mode: a join or leave sets the key's level at once
@@ -94,6 +98,7 @@ class ConnTable {
   const ZoneTables t_;
   KeyTable* keys_;
   const ZoneSettings* settings_;
+  const Clock* clock_ = &MonotonicClock();
 };
 
 }  // namespace trafficrate

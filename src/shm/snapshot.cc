@@ -93,7 +93,7 @@ absl::StatusOr<ZoneSnapshot> TakeSnapshot(const Zone& zone) {
   snap.lock_timeouts = h.lock_timeouts.load();
   snap.procs_reaped = h.procs_reaped.load();
   snap.conns_reaped = h.conns_reaped.load();
-  snap.taken_ns = MonotonicNowNs();
+  snap.taken_ns = zone.clock().NowNs();
   snap.has_cluster =
       TakeClusterSnapshot(h.cluster, snap.taken_ns, &snap.cluster);
   for (uint32_t rule = 0; rule < kZoneRules; ++rule) {

@@ -20,6 +20,12 @@ Zone::Zone(std::unique_ptr<ZoneSegment> segment)
 
 Zone::~Zone() = default;
 
+void Zone::UseClock(const Clock* clock) {
+  clock_ = clock;
+  settings_.UseClock(clock);
+  conns_.UseClock(clock);
+}
+
 absl::StatusOr<std::unique_ptr<Zone>> Zone::FromSegment(
     absl::StatusOr<std::unique_ptr<ZoneSegment>> segment) {
   if (!segment.ok()) return segment.status();

@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "src/base/clock.h"
 #include "src/net/key.h"
 #include "src/shm/change_word.h"
 #include "src/shm/conn_table.h"
@@ -96,6 +97,12 @@ class Zone {
   ChangeWord& changes() { return changes_; }
   const ChangeWord& changes() const { return changes_; }
 
+  // Where the zone's parts take the time from (a join's stamp, the
+  // staleness of the fleet's beat, a snapshot): the real clock unless a
+  // test gives its own, which must outlive the Zone.
+  const Clock& clock() const { return *clock_; }
+  void UseClock(const Clock* clock);
+
   // The segment's header, name and path.
   ZoneHeaderShm& header() const { return segment_->header(); }
   const std::string& name() const { return segment_->name(); }
@@ -132,6 +139,7 @@ class Zone {
       absl::StatusOr<std::unique_ptr<ZoneSegment>> segment);
 
   std::unique_ptr<ZoneSegment> segment_;
+  const Clock* clock_ = &MonotonicClock();
   ChangeWord changes_;
   ZoneSettings settings_;
   KeyTable keys_;

@@ -67,7 +67,7 @@ uint64_t ZoneSettings::KeyRate(const KeySlotShm& key) const {
   const uint64_t share = key.cluster_share.load(std::memory_order_relaxed);
   if (share == 0 || share >= rate) return rate;
   const int64_t beat = header_->cluster.beat_ns.load(std::memory_order_relaxed);
-  const int64_t now = MonotonicNowNs();
+  const int64_t now = clock_->NowNs();
   if (beat == 0 || now - beat > kClusterStaleNs ||
       beat - now > kClusterStaleNs) {
     return rate;

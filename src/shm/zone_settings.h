@@ -23,6 +23,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "src/base/clock.h"
 #include "src/budget/budget.h"
 #include "src/budget/share.h"
 #include "src/net/key.h"
@@ -36,6 +37,9 @@ class ZoneSettings {
   // `header` and `changes` must outlive the ZoneSettings.
   ZoneSettings(ZoneHeaderShm& header, ChangeWord& changes)
       : header_(&header), changes_(&changes) {}
+
+  // Where KeyRate takes the time from (Zone::UseClock).
+  void UseClock(const Clock* clock) { clock_ = clock; }
 
   // Sets rule 0's live rate.
   void SetRate(uint64_t rate_bytes_per_sec);
@@ -96,6 +100,7 @@ class ZoneSettings {
   uint32_t MapRuleLocked(absl::string_view name, const KeySpec& key_spec);
 
  private:
+  const Clock* clock_ = &MonotonicClock();
   // The burst setting of a rule (0: the default for its rate).
   uint64_t BurstSetting(uint32_t rule) const;
   // Bumps the settings generation and wakes the watchers.
