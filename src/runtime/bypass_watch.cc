@@ -248,10 +248,10 @@ void* ListenWatch::Main(void* self) {
 void ListenWatch::Run() {
   int64_t wait_ns = timing_.first_ns;
   for (int look = 0; look < timing_.looks; ++look) {
-    const int64_t deadline = MonotonicNowNs() + wait_ns;
-    for (int64_t now = MonotonicNowNs(); now < deadline;
-         now = MonotonicNowNs()) {
-      SleepNs(deadline - now);
+    const Clock& clock = *timing_.clock;
+    const int64_t deadline = clock.NowNs() + wait_ns;
+    for (int64_t now = clock.NowNs(); now < deadline; now = clock.NowNs()) {
+      clock.SleepNs(deadline - now);
     }
     if (LookOnce() != Look::kNothingYet) break;
     wait_ns *= 2;

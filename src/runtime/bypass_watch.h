@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/base/clock.h"
 
 namespace trafficrate {
 
@@ -86,6 +87,8 @@ std::vector<uint64_t> OwnedSockets(const std::vector<uint64_t>& inodes,
 struct ListenWatchTiming {
   int64_t first_ns = 5'000'000'000;  // first look, after the first listen
   int looks = 7;                     // each one twice as long after the last
+  // Where the waits take the time from (not owned; outlives the watch).
+  const Clock* clock = &MonotonicClock();
 };
 
 class ListenWatch {

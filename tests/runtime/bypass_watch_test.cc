@@ -173,7 +173,7 @@ TEST_F(BypassWatchTest, OpenConnectionsAreThoseAccepted) {
 }
 
 // The looks of these tests are their own: the watch's thread looks no time.
-constexpr ListenWatchTiming kNoLooks{0, 0};
+const ListenWatchTiming kNoLooks{0, 0};
 
 void WaitForTheThread(const ListenWatch& watch) {
   const int64_t deadline = MonotonicNowNs() + 10 * kNsPerSec;
