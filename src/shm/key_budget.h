@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "src/budget/budget.h"
 #include "src/budget/share.h"
@@ -25,27 +26,68 @@ namespace trafficrate {
 // A lease lasts three ticks: its holder renews it every tick, and another
 // process takes over within 60 ms of the holder's death or stall.
 inline constexpr int64_t kLeaseMs = 3 * kBudgetTickNs / 1'000'000;
-inline constexpr uint64_t kLeaseExpiryMask = (uint64_t{1} << 48) - 1;
 
-// A lease word, (proc + 1) << 48 | expiry in CLOCK_MONOTONIC ms: taken (or
-// renewed) by `proc` for lease_ms if it is free, expired or its own (or
-// ends more than lease_ms ahead, which no holder writes).
+// A lease word (KeySlotShm::lease, ClusterShm::lease), as a value: the
+// holder's process slot + 1 in the top 16 bits (0: free), and when the lease
+// ends, in CLOCK_MONOTONIC milliseconds, in the low 48 bits.
+//
+//   const LeaseWord lease = LeaseWord::From(key.lease.load());
+//   if (lease.held() && lease.holder() != me) ...  // another's, maybe live
+//   key.lease.store(LeaseWord::Held(me, now_ms + kLeaseMs).word());
+//
+// Trivially copyable, one uint64_t; constexpr throughout.
+class LeaseWord {
+ public:
+  constexpr LeaseWord() = default;  // free
+  static constexpr LeaseWord From(uint64_t word) { return LeaseWord(word); }
+  // REQUIRES: proc < 65535 (process slots are fewer).
+  static constexpr LeaseWord Held(uint32_t proc, uint64_t expiry_ms) {
+    return LeaseWord((uint64_t{proc} + 1) << 48 | (expiry_ms & kExpiryMask));
+  }
+
+  constexpr uint64_t word() const { return word_; }
+  constexpr bool held() const { return (word_ >> 48) != 0; }
+  // REQUIRES: held().
+  constexpr uint32_t holder() const {
+    return static_cast<uint32_t>(word_ >> 48) - 1;
+  }
+  constexpr uint64_t expiry_ms() const { return word_ & kExpiryMask; }
+
+  friend constexpr bool operator==(LeaseWord a, LeaseWord b) {
+    return a.word_ == b.word_;
+  }
+  friend constexpr bool operator!=(LeaseWord a, LeaseWord b) {
+    return a.word_ != b.word_;
+  }
+
+ private:
+  static constexpr uint64_t kExpiryMask = (uint64_t{1} << 48) - 1;
+
+  explicit constexpr LeaseWord(uint64_t word) : word_(word) {}
+
+  uint64_t word_ = 0;
+};
+static_assert(std::is_trivially_copyable_v<LeaseWord> &&
+              sizeof(LeaseWord) == sizeof(uint64_t));
+
+// Takes (or renews) the lease in `word` for `proc` for lease_ms if it is
+// free, expired or its own (or ends more than lease_ms ahead, which no
+// holder writes).
 inline bool TryTakeLeaseWord(std::atomic<uint64_t>& word, uint32_t proc,
                              int64_t now_ns, int64_t lease_ms) {
   const uint64_t now_ms = static_cast<uint64_t>(now_ns / 1'000'000);
-  const uint64_t me = uint64_t{proc} + 1;
   uint64_t seen = word.load(std::memory_order_acquire);
-  const uint64_t owner = seen >> 48;
-  const uint64_t expiry = seen & kLeaseExpiryMask;
+  const LeaseWord lease = LeaseWord::From(seen);
   // A lease ending further ahead than any holder could have set it was not
   // written by one (a corrupt zone): it is free, or nobody would ever act.
-  if (owner != 0 && owner != me && expiry > now_ms &&
-      expiry - now_ms <= static_cast<uint64_t>(lease_ms)) {
+  if (lease.held() && lease.holder() != proc && lease.expiry_ms() > now_ms &&
+      lease.expiry_ms() - now_ms <= static_cast<uint64_t>(lease_ms)) {
     return false;
   }
-  const uint64_t mine = me << 48 | ((now_ms + static_cast<uint64_t>(lease_ms)) &
-                                    kLeaseExpiryMask);
-  return word.compare_exchange_strong(seen, mine, std::memory_order_acq_rel);
+  const LeaseWord mine =
+      LeaseWord::Held(proc, now_ms + static_cast<uint64_t>(lease_ms));
+  return word.compare_exchange_strong(seen, mine.word(),
+                                      std::memory_order_acq_rel);
 }
 
 // Takes or renews the key's lease for process slot proc (below 65535).

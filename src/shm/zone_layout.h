@@ -51,7 +51,7 @@ struct KeySlotShm {
   // a connection of the key as it measures what left the socket; the rest
   // is written by the holder of the lease only, without the zone lock.
   std::atomic<uint64_t> sent_bytes;  // left the key's sockets, ever
-  std::atomic<uint64_t> lease;       // (proc + 1) << 48 | expiry in ms
+  std::atomic<uint64_t> lease;       // a LeaseWord (key_budget.h)
   std::atomic<int64_t> budget_last_ns;
   std::atomic<uint64_t> budget_sent_bytes;
   std::atomic<int64_t> balance_bytes;         // < 0: debt
@@ -159,7 +159,7 @@ inline constexpr size_t kClusterTextBytes = 96;
 // every key its rule's rate.
 inline constexpr int64_t kClusterStaleNs = 2'000'000'000;
 struct ClusterShm {
-  std::atomic<uint64_t> lease;  // (proc + 1) << 48 | expiry in ms
+  std::atomic<uint64_t> lease;  // a LeaseWord (key_budget.h)
   // CLOCK_MONOTONIC of the agent's last pass, successful or not: key slots'
   // cluster_share counts only while this is recent (Zone::KeyRate).
   std::atomic<int64_t> beat_ns;
