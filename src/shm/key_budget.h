@@ -96,30 +96,91 @@ inline bool TryTakeLease(KeySlotShm& key, uint32_t proc, int64_t now_ns) {
   return TryTakeLeaseWord(key.lease, proc, now_ns, kLeaseMs);
 }
 
-// KeySlotShm::budget_aux: what the lease holder writes (ticks under the
-// rate, packet size) and the count of connections under their pace, which
-// their owners add to and take off.
-inline constexpr uint32_t kAuxUnderTicksMask = 0xff;
-inline constexpr int kAuxPacketShift = 8;
-inline constexpr uint32_t kAuxPacketMax = 0x1ff;  // 9 bits, x 256 bytes
-inline constexpr int kAuxUnderPaceShift = 17;
-inline constexpr uint32_t kAuxHolderMask =
-    (uint32_t{1} << kAuxUnderPaceShift) - 1;
-inline constexpr uint32_t kAuxUnderPaceMax = UINT32_MAX >> kAuxUnderPaceShift;
+// KeySlotShm::budget_aux, as a value: what the lease holder writes (the
+// ticks in a row clearly under the rate, bits 0-7; the largest packet of the
+// key's connections at the last tick, bits 8-16, in units of 256 bytes) and
+// how many of the key's sending connections send less than their pacing
+// allows (bits 17-31), which their owners add to and take off.
+//
+//   const BudgetAux aux = BudgetAux::From(key.budget_aux.load());
+//   aux.under_ticks(); aux.packet_bytes(); aux.under_pace();
+//
+// Trivially copyable, one uint32_t; constexpr throughout.
+class BudgetAux {
+ public:
+  // The holder's part of the word: a fetch_and with it clears the count.
+  static constexpr uint32_t kHolderMask = (uint32_t{1} << 17) - 1;
+
+  constexpr BudgetAux() = default;
+  static constexpr BudgetAux From(uint32_t word) { return BudgetAux(word); }
+  // The holder's part alone (a count of 0), each field held at its largest:
+  // 255 ticks, 511 x 256 bytes (a packet's size is rounded down to 256).
+  static constexpr BudgetAux Holder(uint32_t under_ticks,
+                                    uint32_t packet_bytes) {
+    return BudgetAux(std::min(under_ticks, kUnderTicksMax) |
+                     std::min(packet_bytes / 256, kPacketUnitsMax)
+                         << kPacketShift);
+  }
+
+  constexpr uint32_t word() const { return word_; }
+  constexpr uint32_t under_ticks() const { return word_ & kUnderTicksMax; }
+  constexpr uint32_t packet_bytes() const {
+    return ((word_ & kHolderMask) >> kPacketShift) * 256;
+  }
+  constexpr uint32_t under_pace() const { return word_ >> kUnderPaceShift; }
+  // Whether the count is at its largest (AddUnderPace then adds no more).
+  constexpr bool under_pace_full() const {
+    return under_pace() >= kUnderPaceMax;
+  }
+
+  // This word with the holder's part of `holder`, the count kept.
+  constexpr BudgetAux WithHolder(BudgetAux holder) const {
+    return BudgetAux((word_ & ~kHolderMask) | (holder.word_ & kHolderMask));
+  }
+  // One more in the count. REQUIRES: !under_pace_full().
+  constexpr BudgetAux PlusUnderPace() const {
+    return BudgetAux(word_ + (uint32_t{1} << kUnderPaceShift));
+  }
+  // One fewer in the count. REQUIRES: under_pace() > 0.
+  constexpr BudgetAux MinusUnderPace() const {
+    return BudgetAux(word_ - (uint32_t{1} << kUnderPaceShift));
+  }
+
+  friend constexpr bool operator==(BudgetAux a, BudgetAux b) {
+    return a.word_ == b.word_;
+  }
+  friend constexpr bool operator!=(BudgetAux a, BudgetAux b) {
+    return a.word_ != b.word_;
+  }
+
+ private:
+  static constexpr uint32_t kUnderTicksMax = 0xff;  // 8 bits
+  static constexpr int kPacketShift = 8;
+  static constexpr uint32_t kPacketUnitsMax = 0x1ff;  // 9 bits, x 256 bytes
+  static constexpr int kUnderPaceShift = 17;
+  static constexpr uint32_t kUnderPaceMax = UINT32_MAX >> kUnderPaceShift;
+
+  explicit constexpr BudgetAux(uint32_t word) : word_(word) {}
+
+  uint32_t word_ = 0;
+};
+static_assert(std::is_trivially_copyable_v<BudgetAux> &&
+              sizeof(BudgetAux) == sizeof(uint32_t));
 
 // Of the key's sending connections, how many send less than their pacing
 // allows (BudgetInput::under).
 inline uint32_t UnderPaceOf(const KeySlotShm& key) {
-  return key.budget_aux.load(std::memory_order_relaxed) >> kAuxUnderPaceShift;
+  return BudgetAux::From(key.budget_aux.load(std::memory_order_relaxed))
+      .under_pace();
 }
 
 // Adds one to that count; false (and nothing added) once it is full.
 inline bool AddUnderPace(KeySlotShm& key) {
   uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
   do {
-    if ((seen >> kAuxUnderPaceShift) >= kAuxUnderPaceMax) return false;
+    if (BudgetAux::From(seen).under_pace_full()) return false;
   } while (!key.budget_aux.compare_exchange_weak(
-      seen, seen + (uint32_t{1} << kAuxUnderPaceShift),
+      seen, BudgetAux::From(seen).PlusUnderPace().word(),
       std::memory_order_relaxed));
   return true;
 }
@@ -127,15 +188,15 @@ inline bool AddUnderPace(KeySlotShm& key) {
 // Takes one off it (never below 0).
 inline void DropUnderPace(KeySlotShm& key) {
   uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
-  while ((seen >> kAuxUnderPaceShift) > 0 &&
+  while (BudgetAux::From(seen).under_pace() > 0 &&
          !key.budget_aux.compare_exchange_weak(
-             seen, seen - (uint32_t{1} << kAuxUnderPaceShift),
+             seen, BudgetAux::From(seen).MinusUnderPace().word(),
              std::memory_order_relaxed)) {
   }
 }
 
 inline void ClearUnderPace(KeySlotShm& key) {
-  key.budget_aux.fetch_and(kAuxHolderMask, std::memory_order_relaxed);
+  key.budget_aux.fetch_and(BudgetAux::kHolderMask, std::memory_order_relaxed);
 }
 
 inline BudgetState LoadBudget(const KeySlotShm& key) {
@@ -149,9 +210,10 @@ inline BudgetState LoadBudget(const KeySlotShm& key) {
       key.measured_bytes_per_sec.load(std::memory_order_relaxed);
   const uint32_t boost = key.boost.load(std::memory_order_relaxed);
   s.boost = boost != 0 ? boost : kBoostOne;
-  const uint32_t aux = key.budget_aux.load(std::memory_order_relaxed);
-  s.under_ticks = aux & kAuxUnderTicksMask;
-  s.packet_bytes = ((aux & kAuxHolderMask) >> kAuxPacketShift) * 256;
+  const BudgetAux aux =
+      BudgetAux::From(key.budget_aux.load(std::memory_order_relaxed));
+  s.under_ticks = aux.under_ticks();
+  s.packet_bytes = aux.packet_bytes();
   s.start_ns = key.budget_start_ns.load(std::memory_order_relaxed);
   s.start_allowance_bytes = key.start_allowance.load(std::memory_order_relaxed);
   return s;
@@ -168,14 +230,12 @@ inline void StoreBudget(KeySlotShm& key, const BudgetState& s) {
   key.boost.store(s.boost, std::memory_order_relaxed);
   key.budget_start_ns.store(s.start_ns, std::memory_order_relaxed);
   key.start_allowance.store(s.start_allowance_bytes, std::memory_order_relaxed);
-  const uint32_t packet_units =
-      std::min<uint32_t>(s.packet_bytes / 256, kAuxPacketMax);
-  const uint32_t mine = std::min<uint32_t>(s.under_ticks, kAuxUnderTicksMask) |
-                        packet_units << kAuxPacketShift;
+  const BudgetAux mine = BudgetAux::Holder(s.under_ticks, s.packet_bytes);
   // The count of connections under their pace is kept as it is.
   uint32_t seen = key.budget_aux.load(std::memory_order_relaxed);
   while (!key.budget_aux.compare_exchange_weak(
-      seen, (seen & ~kAuxHolderMask) | mine, std::memory_order_relaxed)) {
+      seen, BudgetAux::From(seen).WithHolder(mine).word(),
+      std::memory_order_relaxed)) {
   }
 }
 

@@ -63,7 +63,7 @@ struct KeySlotShm {
   // bytes (both written by the lease holder); bits 17-31: how many of its
   // sending connections send less than their pacing allows (the host has
   // nothing queued, or the client reads slowly), as their owners last saw
-  // (each adds and takes off its own). key_budget.h.
+  // (each adds and takes off its own). A BudgetAux (key_budget.h).
   std::atomic<uint32_t> budget_aux;
   // Budget mode: the unpaced first segments of new connections not yet
   // forgiven (each join of a connection that never sent adds them; the

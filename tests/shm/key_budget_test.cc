@@ -1,5 +1,6 @@
-// The words of a key's shared budget (key_budget.h): the lease word's
-// encode and decode, tested here once, and who may take a lease.
+// The words of a key's shared budget (key_budget.h): the lease word's and
+// budget_aux's encode and decode, tested here once, and who may take a
+// lease.
 
 #include "src/shm/key_budget.h"
 
@@ -55,6 +56,47 @@ TEST(LeaseWordTest, ALeaseIsTakenWhenFreeExpiredOrOwnOnly) {
   // Ending further ahead than any holder sets it: written by none.
   word.store(LeaseWord::Held(4, now_ms + kLeaseMsHere + 1).word());
   EXPECT_TRUE(TryTakeLeaseWord(word, 5, now_ns, kLeaseMsHere));
+}
+
+TEST(BudgetAuxTest, RoundTripsTheHoldersFieldsAndTheCount) {
+  const BudgetAux holder = BudgetAux::Holder(7, 65536);
+  EXPECT_EQ(holder.word(), 7u | 256u << 8);
+  EXPECT_EQ(holder.under_ticks(), 7u);
+  EXPECT_EQ(holder.packet_bytes(), 65536u);
+  EXPECT_EQ(holder.under_pace(), 0u);
+  const BudgetAux aux = BudgetAux::From(holder.word() | 3u << 17);
+  EXPECT_EQ(aux.under_ticks(), 7u);
+  EXPECT_EQ(aux.packet_bytes(), 65536u);
+  EXPECT_EQ(aux.under_pace(), 3u);
+  EXPECT_EQ(BudgetAux::From(aux.word()), aux);
+  EXPECT_EQ(BudgetAux::kHolderMask, 0x1ffffu);
+}
+
+TEST(BudgetAuxTest, TheHoldersFieldsAreHeldAtTheirLargest) {
+  const BudgetAux most = BudgetAux::Holder(1000, 1 << 30);
+  EXPECT_EQ(most.under_ticks(), 255u);
+  EXPECT_EQ(most.packet_bytes(), 511u * 256);
+  EXPECT_EQ(most.under_pace(), 0u) << "never spills into the count";
+  EXPECT_EQ(BudgetAux::Holder(0, 511).packet_bytes(), 256u) << "rounded down";
+}
+
+TEST(BudgetAuxTest, TheCountAndTheHoldersPartChangeApart) {
+  BudgetAux aux = BudgetAux::Holder(9, 1024);
+  aux = aux.PlusUnderPace().PlusUnderPace();
+  EXPECT_EQ(aux.under_pace(), 2u);
+  EXPECT_EQ(aux.under_ticks(), 9u);
+  aux = aux.WithHolder(BudgetAux::Holder(1, 512));
+  EXPECT_EQ(aux.under_pace(), 2u) << "the holder keeps the count";
+  EXPECT_EQ(aux.under_ticks(), 1u);
+  EXPECT_EQ(aux.packet_bytes(), 512u);
+  aux = aux.MinusUnderPace();
+  EXPECT_EQ(aux.under_pace(), 1u);
+  EXPECT_EQ(aux.packet_bytes(), 512u);
+  EXPECT_FALSE(aux.under_pace_full());
+  const BudgetAux full = BudgetAux::From(~uint32_t{0});
+  EXPECT_TRUE(full.under_pace_full());
+  EXPECT_EQ(full.under_pace(), 0x7fffu);
+  EXPECT_FALSE(full.MinusUnderPace().under_pace_full());
 }
 
 }  // namespace
