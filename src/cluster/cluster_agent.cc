@@ -99,11 +99,10 @@ void ClusterAgent::FreeLeaseOfDeadHolder(uint32_t proc) {
   // and take its part for a tick or two.
   std::atomic<uint64_t>& lease = zone_->settings().cluster().lease;
   uint64_t seen = lease.load(std::memory_order_acquire);
-  const uint64_t owner = seen >> 48;
-  if (owner == 0 || owner - 1 == proc ||
-      owner - 1 >= zone_->procs().capacity() ||
-      !ProcTable::MaybeDead(
-          zone_->procs().slot(static_cast<uint32_t>(owner - 1)))) {
+  const LeaseWord current = LeaseWord::From(seen);
+  if (!current.held() || current.holder() == proc ||
+      current.holder() >= zone_->procs().capacity() ||
+      !ProcTable::MaybeDead(zone_->procs().slot(current.holder()))) {
     return;
   }
   // Lost to a renewal or another taker: the lease is theirs.

@@ -4,8 +4,8 @@
 //
 //   FdTable* table = FdTable::Create(65536);  // reserved, not committed
 //   FdEntry* e = table->Get(fd);              // nullptr beyond capacity
-//   uint64_t state = e->state.load(std::memory_order_acquire);
-//   if (state != 0) uint32_t conn = StateConn(state);
+//   FdState state = FdState::From(e->state.load(std::memory_order_acquire));
+//   if (!state.empty()) uint32_t conn = state.conn();
 //
 // Races between the host closing (or reusing) an fd and the watcher thread
 // touching it are settled with `busy`: the watcher pins an entry, re-checks
@@ -22,15 +22,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace trafficrate {
 
 struct FdEntry {
-  // 0: not governed. Else kTracked | cookie << 32 | zone connection index.
-  std::atomic<uint64_t> state;
-  // Share token (settings generation << 32 | key generation) last applied.
-  std::atomic<uint64_t> applied;
-  std::atomic<uint32_t> busy;  // 1 while a thread acts on the socket
+  std::atomic<uint64_t> state;    // an FdState; 0: not governed
+  std::atomic<uint64_t> applied;  // the ShareGenerations last applied
+  std::atomic<uint32_t> busy;     // 1 while a thread acts on the socket
   // Budget mode: the watcher's tick skips this fd until its tick number
   // reaches this (0: visit at the next tick). Here, beside `state`, so that
   // a skipped fd costs the watcher no other cache line.
@@ -38,49 +37,193 @@ struct FdEntry {
 };
 static_assert(sizeof(FdEntry) == 24);
 
-inline constexpr uint64_t kTracked = 1ULL << 63;
-inline constexpr uint64_t kNeverApplied = ~0ULL;
+// FdEntry::state, as a value: what an fd is to the library. One of
+//
+//   0                           not governed (FdState(), empty())
+//   1 | cookie:31 | conn:32     a registered connection: its zone connection
+//                               slot and that slot's cookie (ConnTable::
+//                               CookieOf) when registered (Conn)
+//   01 | slot:30 | ~0:32        the library's own fd that keeps a closed
+//                               connection's socket open while its queue
+//                               drains (KeptDrain)
+//   001 | first_fd+1:29 | ~0:32 a connection not registered yet (Pending):
+//                               first_fd+1 is 0, or for an inherited socket
+//                               its first fd + 1 (PendingGroup)
+//
+// (from bit 63 down). A kept drain and a pending connection have a
+// connection index no zone has, so every pass over the table that bounds
+// conn() by the zone's capacity skips them.
+//
+//   const FdState s = FdState::From(entry.state.load());
+//   if (!s.empty() && s.conn() < capacity) Use(s.conn(), s.cookie());
+//   entry.state.store(FdState::Conn(conn, cookie).word());
+//
+// Trivially copyable, one uint64_t; constexpr throughout. Hot path: no
+// allocation, errno untouched.
+class FdState {
+ public:
+  constexpr FdState() = default;  // not governed
+  static constexpr FdState From(uint64_t word) { return FdState(word); }
 
-// The state of the library's own fd that keeps a closed connection's socket
-// open while its queue drains (Governor, budget mode): drain slot << 32,
-// and a connection index no zone has, so that every pass over the table
-// that looks for connections skips it. A close or dup2 of that fd number
-// by the host (a close-everything loop) finds the mark and tells the
-// Governor, which then stops using it.
-inline constexpr uint64_t kKeptDrain = 1ULL << 62;
-inline uint64_t KeptDrainState(uint32_t slot) {
-  return kKeptDrain | uint64_t{slot} << 32 | 0xffffffffu;
-}
-inline bool IsKeptDrain(uint64_t state) {
-  return (state & (kTracked | kKeptDrain)) == kKeptDrain;
-}
-inline uint32_t KeptDrainSlot(uint64_t state) {
-  return static_cast<uint32_t>(state >> 32) & 0x3fffffffu;
-}
+  // A registered connection. The cookie keeps its low 31 bits (zone cookies
+  // have no more: the top bit is the tag).
+  static constexpr FdState Conn(uint32_t conn_index, uint32_t cookie) {
+    return FdState(kConnTag | uint64_t{cookie & kCookieMask} << 32 |
+                   conn_index);
+  }
+  // The Governor's kept fd of drain slot `drain_slot` (budget mode). A close
+  // or dup2 of that fd number by the host (a close-everything loop) finds
+  // the mark and tells the Governor, which then stops using it.
+  // REQUIRES: drain_slot < 2^30.
+  static constexpr FdState KeptDrain(uint32_t drain_slot) {
+    return FdState(kKeptDrainTag | uint64_t{drain_slot & kDrainSlotMask} << 32 |
+                   kNoConn);
+  }
+  // An fd whose connection could not be registered when it was accepted
+  // (the zone lock was held too long, or the watcher had not started): its
+  // next send tries again.
+  static constexpr FdState Pending() { return FdState(kPendingTag | kNoConn); }
+  // A socket the process inherited (Governor::AdoptInherited) waits in that
+  // state too, until its first send: a process that never sends on it (a
+  // shell that execs the program that does) takes no process slot. Its fds
+  // (inetd's 0 and 1) carry its first fd, so that the first send through
+  // any of them registers the socket once for all. REQUIRES: 0 <= first_fd
+  // < 2^29 - 1.
+  static constexpr FdState PendingGroup(int first_fd) {
+    return FdState(kPendingTag |
+                   (static_cast<uint64_t>(first_fd + 1) & kGroupMask) << 32 |
+                   kNoConn);
+  }
 
-// An fd whose connection could not be registered when it was accepted (the
-// zone lock was held too long, or the watcher had not started): its next
-// send tries again. Like a kept drain's, a connection index no zone has.
-inline constexpr uint64_t kRegisterPending = (1ULL << 61) | 0xffffffffu;
-// A socket the process inherited (Governor::AdoptInherited) waits in that
-// state too, until its first send: a process that never sends on it (a
-// shell that execs the program that does) takes no process slot. Its fds
-// (inetd's 0 and 1) carry its first fd + 1, in bits 32..60, so that the
-// first send through any of them registers the socket once for all.
-inline uint64_t PendingGroupState(int first_fd) {
-  return kRegisterPending | (uint64_t(first_fd + 1) & 0x1fffffffu) << 32;
-}
-inline bool IsRegisterPending(uint64_t state) {
-  return (state & ~(uint64_t{0x1fffffffu} << 32)) == kRegisterPending;
-}
+  constexpr uint64_t word() const { return word_; }
+  constexpr bool empty() const { return word_ == 0; }
+  // A registered connection (Conn).
+  constexpr bool is_conn() const { return (word_ & kConnTag) != 0; }
+  // The zone connection slot: the low 32 bits of any state, beyond every
+  // zone's capacity (kNoSlot) for a kept drain or a pending connection.
+  constexpr uint32_t conn() const { return static_cast<uint32_t>(word_); }
+  constexpr uint32_t cookie() const {
+    return static_cast<uint32_t>(word_ >> 32) & kCookieMask;
+  }
+  constexpr bool kept_drain() const {
+    return (word_ & (kConnTag | kKeptDrainTag)) == kKeptDrainTag;
+  }
+  // REQUIRES: kept_drain().
+  constexpr uint32_t drain_slot() const {
+    return static_cast<uint32_t>(word_ >> 32) & kDrainSlotMask;
+  }
+  // Pending, on its own or of a group.
+  constexpr bool pending() const {
+    return (word_ & ~(kGroupMask << 32)) == (kPendingTag | kNoConn);
+  }
+  // A pending inherited socket's first fd; -1 for Pending() itself.
+  // REQUIRES: pending().
+  constexpr int pending_first_fd() const {
+    return static_cast<int>((word_ >> 32) & kGroupMask) - 1;
+  }
+
+  friend constexpr bool operator==(FdState a, FdState b) {
+    return a.word_ == b.word_;
+  }
+  friend constexpr bool operator!=(FdState a, FdState b) {
+    return a.word_ != b.word_;
+  }
+
+ private:
+  static constexpr uint64_t kConnTag = uint64_t{1} << 63;
+  static constexpr uint64_t kKeptDrainTag = uint64_t{1} << 62;
+  static constexpr uint64_t kPendingTag = uint64_t{1} << 61;
+  static constexpr uint64_t kNoConn = 0xffffffffu;
+  static constexpr uint32_t kCookieMask = 0x7fffffffu;
+  static constexpr uint32_t kDrainSlotMask = 0x3fffffffu;
+  static constexpr uint64_t kGroupMask = 0x1fffffffu;
+
+  explicit constexpr FdState(uint64_t word) : word_(word) {}
+
+  uint64_t word_ = 0;
+};
+static_assert(std::is_trivially_copyable_v<FdState> &&
+              sizeof(FdState) == sizeof(uint64_t));
+
+// FdEntry::applied, as a value: the generations a socket's pacing was
+// computed from, the settings' (ZoneHeaderShm::settings_generation) in the
+// high half and its key's (KeySlotShm::generation) in the low half. A socket
+// whose token differs from its key's current one has a share to re-apply.
+// NeverApplied() matches no token a zone gives out in practice.
+//
+//   if (ShareGenerations::Of(settings_gen, key_gen).word() !=
+//       entry.applied.load(std::memory_order_relaxed)) ...  // re-apply
+//
+// Trivially copyable, one uint64_t; constexpr throughout.
+class ShareGenerations {
+ public:
+  constexpr ShareGenerations() = default;
+  static constexpr ShareGenerations From(uint64_t word) {
+    return ShareGenerations(word);
+  }
+  static constexpr ShareGenerations Of(uint32_t settings_generation,
+                                       uint32_t key_generation) {
+    return ShareGenerations(uint64_t{settings_generation} << 32 |
+                            key_generation);
+  }
+  // The mark of a socket nothing was applied to yet.
+  static constexpr ShareGenerations NeverApplied() {
+    return ShareGenerations(~uint64_t{0});
+  }
+
+  constexpr uint64_t word() const { return word_; }
+  constexpr uint32_t settings_generation() const {
+    return static_cast<uint32_t>(word_ >> 32);
+  }
+  constexpr uint32_t key_generation() const {
+    return static_cast<uint32_t>(word_);
+  }
+
+  friend constexpr bool operator==(ShareGenerations a, ShareGenerations b) {
+    return a.word_ == b.word_;
+  }
+  friend constexpr bool operator!=(ShareGenerations a, ShareGenerations b) {
+    return a.word_ != b.word_;
+  }
+
+ private:
+  explicit constexpr ShareGenerations(uint64_t word) : word_(word) {}
+
+  uint64_t word_ = 0;
+};
+static_assert(std::is_trivially_copyable_v<ShareGenerations> &&
+              sizeof(ShareGenerations) == sizeof(uint64_t));
+
+// The old spellings of FdState and ShareGenerations, kept only while
+// governor.h, governor.cc and governor_budget.cc (being split into several
+// files) and their tests still use them: they go once those use the types.
+// New code uses FdState and ShareGenerations.
+inline constexpr uint64_t kNeverApplied =
+    ShareGenerations::NeverApplied().word();
+inline constexpr uint64_t kRegisterPending = FdState::Pending().word();
 inline uint64_t PackState(uint32_t conn_index, uint32_t cookie) {
-  return kTracked | (uint64_t{cookie & 0x7fffffffu} << 32) | conn_index;
+  return FdState::Conn(conn_index, cookie).word();
 }
 inline uint32_t StateConn(uint64_t state) {
-  return static_cast<uint32_t>(state);
+  return FdState::From(state).conn();
 }
 inline uint32_t StateCookie(uint64_t state) {
-  return static_cast<uint32_t>(state >> 32) & 0x7fffffffu;
+  return FdState::From(state).cookie();
+}
+inline uint64_t KeptDrainState(uint32_t slot) {
+  return FdState::KeptDrain(slot).word();
+}
+inline bool IsKeptDrain(uint64_t state) {
+  return FdState::From(state).kept_drain();
+}
+inline uint32_t KeptDrainSlot(uint64_t state) {
+  return FdState::From(state).drain_slot();
+}
+inline uint64_t PendingGroupState(int first_fd) {
+  return FdState::PendingGroup(first_fd).word();
+}
+inline bool IsRegisterPending(uint64_t state) {
+  return FdState::From(state).pending();
 }
 
 class FdTable {

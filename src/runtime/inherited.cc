@@ -101,7 +101,8 @@ int AdoptInheritedSockets(const AcceptRules& rules, FdTable* table,
     FdEntry* entry = table->Get(fd);
     if (entry == nullptr) continue;
     // Registered (and classified: client, key, rules) at its first send.
-    entry->state.store(PendingGroupState(fd), std::memory_order_release);
+    entry->state.store(FdState::PendingGroup(fd).word(),
+                       std::memory_order_release);
     table->NoteTracked(fd);
     ++governed;
     if (sockets < kMaxSockets) {

@@ -2,7 +2,7 @@
 // TRAFFICRATE_INHERITED), the client connections a process inherited from
 // its parent, such as inetd's or systemd's (Accept=yes) fd 0/1, or
 // socket-activation fds, are marked to be governed: each is registered (and
-// classified: client, key, rules) at its first send (PendingGroupState).
+// classified: client, key, rules) at its first send (FdState::PendingGroup).
 //
 // A connected TCP socket found then was made by no code of this program
 // yet; it is taken as a client's (accepted by the parent) if its local port

@@ -26,6 +26,7 @@
 #define TRAFFICRATE_SRC_SHM_CONN_TABLE_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "src/base/clock.h"
 #include "src/shm/key_table.h"
@@ -34,6 +35,45 @@
 #include "src/shm/zone_settings.h"
 
 namespace trafficrate {
+
+// One registration of a connection slot, as a word: the slot's index in the
+// high half, and the slot's cookie (ConnTable::CookieOf) when it was
+// registered in the low half. HandoffTable::ExpireLocked hands back the
+// handoffs it expires so, and a Governor's drain slot holds one (0: free;
+// a slot in use has an odd seq, so a live registration's word is never 0).
+//
+//   const ConnRef ref = ConnRef::From(word);
+//   if (ref.conn() < conns.capacity() &&
+//       ConnTable::CookieOf(conns.slot(ref.conn()).seq.load()) == ref.cookie())
+//     ...  // still that registration
+//
+// Trivially copyable, one uint64_t; constexpr throughout.
+class ConnRef {
+ public:
+  constexpr ConnRef() = default;
+  static constexpr ConnRef From(uint64_t word) { return ConnRef(word); }
+  static constexpr ConnRef Of(uint32_t conn_index, uint32_t cookie) {
+    return ConnRef(uint64_t{conn_index} << 32 | cookie);
+  }
+
+  constexpr uint64_t word() const { return word_; }
+  constexpr uint32_t conn() const { return static_cast<uint32_t>(word_ >> 32); }
+  constexpr uint32_t cookie() const { return static_cast<uint32_t>(word_); }
+
+  friend constexpr bool operator==(ConnRef a, ConnRef b) {
+    return a.word_ == b.word_;
+  }
+  friend constexpr bool operator!=(ConnRef a, ConnRef b) {
+    return a.word_ != b.word_;
+  }
+
+ private:
+  explicit constexpr ConnRef(uint64_t word) : word_(word) {}
+
+  uint64_t word_ = 0;
+};
+static_assert(std::is_trivially_copyable_v<ConnRef> &&
+              sizeof(ConnRef) == sizeof(uint64_t));
 
 class ConnTable {
  public:

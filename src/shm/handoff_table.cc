@@ -117,8 +117,9 @@ uint32_t HandoffTable::ExpireLocked(uint32_t proc, int64_t before_ns,
         slot.since_ns.load(std::memory_order_relaxed) >= before_ns) {
       continue;
     }
-    out[n++] = uint64_t{slot.conn.load(std::memory_order_relaxed)} << 32 |
-               slot.cookie.load(std::memory_order_relaxed);
+    out[n++] = ConnRef::Of(slot.conn.load(std::memory_order_relaxed),
+                           slot.cookie.load(std::memory_order_relaxed))
+                   .word();
     ClearLocked(i);
   }
   return n;

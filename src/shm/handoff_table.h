@@ -49,7 +49,8 @@ class HandoffTable {
   // Whether connection conn (cookie) is passed and not yet received.
   bool PendingLocked(uint32_t conn, uint32_t cookie) const;
   // Removes up to `max` of proc's handoffs made before before_ns, storing
-  // each as (conn << 32 | cookie) in out (the rest stay for another call).
+  // each as a ConnRef word (conn_table.h) in out (the rest stay for another
+  // call).
   // Returns how many it removed.
   uint32_t ExpireLocked(uint32_t proc, int64_t before_ns, uint64_t* out,
                         uint32_t max);

@@ -51,7 +51,7 @@ struct KeySlotShm {
   // a connection of the key as it measures what left the socket; the rest
   // is written by the holder of the lease only, without the zone lock.
   std::atomic<uint64_t> sent_bytes;  // left the key's sockets, ever
-  std::atomic<uint64_t> lease;       // (proc + 1) << 48 | expiry in ms
+  std::atomic<uint64_t> lease;       // a LeaseWord (key_budget.h)
   std::atomic<int64_t> budget_last_ns;
   std::atomic<uint64_t> budget_sent_bytes;
   std::atomic<int64_t> balance_bytes;         // < 0: debt
@@ -63,7 +63,7 @@ struct KeySlotShm {
   // bytes (both written by the lease holder); bits 17-31: how many of its
   // sending connections send less than their pacing allows (the host has
   // nothing queued, or the client reads slowly), as their owners last saw
-  // (each adds and takes off its own). key_budget.h.
+  // (each adds and takes off its own). A BudgetAux (key_budget.h).
   std::atomic<uint32_t> budget_aux;
   // Budget mode: the unpaced first segments of new connections not yet
   // forgiven (each join of a connection that never sent adds them; the
@@ -159,7 +159,7 @@ inline constexpr size_t kClusterTextBytes = 96;
 // every key its rule's rate.
 inline constexpr int64_t kClusterStaleNs = 2'000'000'000;
 struct ClusterShm {
-  std::atomic<uint64_t> lease;  // (proc + 1) << 48 | expiry in ms
+  std::atomic<uint64_t> lease;  // a LeaseWord (key_budget.h)
   // CLOCK_MONOTONIC of the agent's last pass, successful or not: key slots'
   // cluster_share counts only while this is recent (Zone::KeyRate).
   std::atomic<int64_t> beat_ns;

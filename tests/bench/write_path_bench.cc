@@ -126,8 +126,10 @@ class Rig {
         gov_->AfterSend(conn->server,
                         ::send(conn->server, &c, 1, MSG_NOSIGNAL));
       }
-      sibling_index_ = StateConn(table_->Get(sibling_.server)->state.load());
-      measured_index_ = StateConn(table_->Get(measured_.server)->state.load());
+      sibling_index_ =
+          FdState::From(table_->Get(sibling_.server)->state.load()).conn();
+      measured_index_ =
+          FdState::From(table_->Get(measured_.server)->state.load()).conn();
     }
   }
 

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "src/base/clock.h"
 #include "src/base/log.h"
+#include "src/shm/key_budget.h"
 #include "src/shm/zone.h"
 #include "src/shm/zone_layout.h"
 #include "tests/cluster/redis_util.h"
@@ -305,9 +306,9 @@ TEST_F(ClusterAgentTest, ALeaseEndingTooFarAheadIsTakenOver) {
   a.zone->settings().cluster().lease.store(~uint64_t{0});
   EXPECT_TRUE(a.agent->PassForTesting(a.proc, now));
   // One a live holder could have written is respected.
-  const uint64_t other = uint64_t{a.proc + 2} << 48;
   const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
-  a.zone->settings().cluster().lease.store(other | (now_ms + 400));
+  a.zone->settings().cluster().lease.store(
+      LeaseWord::Held(a.proc + 1, now_ms + 400).word());
   EXPECT_FALSE(a.agent->PassForTesting(a.proc, now));
 }
 
@@ -332,8 +333,8 @@ TEST_F(ClusterAgentTest, ALeaseOfADeadProcessIsTakenAtTheNextPoll) {
   ASSERT_TRUE(PollUntil([&] { return slot.load() != kNoSlot; }, kNsPerSec));
   const int64_t now = MonotonicNowNs();
   const uint64_t now_ms = static_cast<uint64_t>(now / kNsPerMs);
-  a.zone->settings().cluster().lease.store(uint64_t{slot.load() + 1} << 48 |
-                                           (now_ms + 400));
+  a.zone->settings().cluster().lease.store(
+      LeaseWord::Held(slot.load(), now_ms + 400).word());
   a.agent->Poll(a.proc, now);
   EXPECT_FALSE(a.agent->running()) << "the holder is alive";
   die = true;

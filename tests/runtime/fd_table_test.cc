@@ -22,28 +22,105 @@ std::unique_ptr<FdTable> MakeTable(int capacity) {
   return std::unique_ptr<FdTable>(FdTable::Create(capacity));
 }
 
-TEST(FdTableTest, PackedStateRoundTrips) {
+// FdState's encode and decode, tested here once: its users trust them.
+TEST(FdStateTest, AConnectionRoundTripsItsIndexAndCookie) {
   struct Case {
     uint32_t conn;
     uint32_t cookie;
   };
   for (const Case c : {Case{0, 0}, Case{1, 1}, Case{6895, 12345},
                        Case{0xfffffffe, 0x7fffffff}, Case{7, 0x40000001}}) {
-    const uint64_t state = PackState(c.conn, c.cookie);
-    EXPECT_NE(state, 0u) << "a tracked state is never 0";
-    EXPECT_NE(state & kTracked, 0u);
-    EXPECT_EQ(StateConn(state), c.conn);
-    EXPECT_EQ(StateCookie(state), c.cookie);
+    const FdState state = FdState::Conn(c.conn, c.cookie);
+    EXPECT_FALSE(state.empty()) << "a connection's state is never 0";
+    EXPECT_TRUE(state.is_conn());
+    EXPECT_EQ(state.conn(), c.conn);
+    EXPECT_EQ(state.cookie(), c.cookie);
+    EXPECT_FALSE(state.kept_drain()) << "whatever the cookie's bit 30";
+    EXPECT_FALSE(state.pending());
+    EXPECT_EQ(FdState::From(state.word()), state);
   }
 }
 
-TEST(FdTableTest, PackStateKeepsThirtyOneCookieBits) {
-  // Zone cookies are seq & 0x7fffffff; the top bit is the tracked flag.
-  const uint64_t state = PackState(3, 0xffffffffu);
-  EXPECT_EQ(StateCookie(state), 0x7fffffffu);
-  EXPECT_EQ(StateConn(state), 3u);
-  EXPECT_EQ(state, kTracked | (uint64_t{0x7fffffff} << 32) | 3u);
-  EXPECT_EQ(PackState(3, 0x80000005u), PackState(3, 5));
+TEST(FdStateTest, AConnectionKeepsThirtyOneCookieBits) {
+  // Zone cookies are seq & 0x7fffffff; the top bit is the connection tag.
+  const FdState state = FdState::Conn(3, 0xffffffffu);
+  EXPECT_EQ(state.cookie(), 0x7fffffffu);
+  EXPECT_EQ(state.conn(), 3u);
+  EXPECT_EQ(state.word(), 1ULL << 63 | uint64_t{0x7fffffff} << 32 | 3u);
+  EXPECT_EQ(FdState::Conn(3, 0x80000005u), FdState::Conn(3, 5));
+}
+
+TEST(FdStateTest, NotGovernedIsZero) {
+  EXPECT_EQ(FdState().word(), 0u);
+  EXPECT_TRUE(FdState().empty());
+  EXPECT_TRUE(FdState::From(0).empty());
+  EXPECT_FALSE(FdState().is_conn());
+  EXPECT_FALSE(FdState().kept_drain());
+  EXPECT_FALSE(FdState().pending());
+}
+
+TEST(FdStateTest, AKeptDrainRoundTripsItsSlotAndHasNoConnection) {
+  for (const uint32_t slot : {0u, 1u, 1023u, 0x3fffffffu}) {
+    const FdState state = FdState::KeptDrain(slot);
+    EXPECT_EQ(state.word(), 1ULL << 62 | uint64_t{slot} << 32 | 0xffffffffu);
+    EXPECT_TRUE(state.kept_drain());
+    EXPECT_EQ(state.drain_slot(), slot);
+    EXPECT_FALSE(state.empty());
+    EXPECT_FALSE(state.is_conn());
+    EXPECT_FALSE(state.pending());
+    EXPECT_EQ(state.conn(), 0xffffffffu) << "beyond every zone's capacity";
+  }
+  EXPECT_EQ(FdState::KeptDrain(0x40000005u), FdState::KeptDrain(5))
+      << "30 bits: the slot never reaches the tags";
+}
+
+TEST(FdStateTest, PendingAloneAndOfAGroupRoundTripTheirFirstFd) {
+  const FdState alone = FdState::Pending();
+  EXPECT_EQ(alone.word(), 1ULL << 61 | 0xffffffffu);
+  EXPECT_TRUE(alone.pending());
+  EXPECT_EQ(alone.pending_first_fd(), -1);
+  EXPECT_FALSE(alone.kept_drain());
+  EXPECT_FALSE(alone.is_conn());
+  EXPECT_EQ(alone.conn(), 0xffffffffu) << "beyond every zone's capacity";
+  for (const int fd : {0, 1, 1000, (1 << 29) - 2}) {
+    const FdState group = FdState::PendingGroup(fd);
+    EXPECT_EQ(group.word(), 1ULL << 61 | uint64_t(fd + 1) << 32 | 0xffffffffu);
+    EXPECT_TRUE(group.pending());
+    EXPECT_EQ(group.pending_first_fd(), fd);
+    EXPECT_NE(group, alone);
+    EXPECT_FALSE(group.kept_drain());
+    EXPECT_FALSE(group.is_conn());
+    EXPECT_EQ(group.conn(), 0xffffffffu);
+  }
+  // Another tag bit, or a connection index, is no pending state.
+  EXPECT_FALSE(FdState::From(alone.word() | 1ULL << 62).pending());
+  EXPECT_FALSE(FdState::From(alone.word() - 1).pending());
+}
+
+TEST(FdStateTest, OldSpellingsAreTheSameWords) {
+  // Kept for governor*.cc until they use FdState (fd_table.h).
+  EXPECT_EQ(PackState(6, 9), FdState::Conn(6, 9).word());
+  EXPECT_EQ(StateConn(FdState::Conn(6, 9).word()), 6u);
+  EXPECT_EQ(StateCookie(FdState::Conn(6, 9).word()), 9u);
+  EXPECT_EQ(KeptDrainState(4), FdState::KeptDrain(4).word());
+  EXPECT_TRUE(IsKeptDrain(FdState::KeptDrain(4).word()));
+  EXPECT_EQ(KeptDrainSlot(FdState::KeptDrain(4).word()), 4u);
+  EXPECT_EQ(kRegisterPending, FdState::Pending().word());
+  EXPECT_EQ(PendingGroupState(3), FdState::PendingGroup(3).word());
+  EXPECT_TRUE(IsRegisterPending(FdState::PendingGroup(3).word()));
+  EXPECT_EQ(kNeverApplied, ShareGenerations::NeverApplied().word());
+}
+
+TEST(ShareGenerationsTest, RoundTripsBothGenerations) {
+  const ShareGenerations token = ShareGenerations::Of(7, 0xfffffffeu);
+  EXPECT_EQ(token.word(), uint64_t{7} << 32 | 0xfffffffeu);
+  EXPECT_EQ(token.settings_generation(), 7u);
+  EXPECT_EQ(token.key_generation(), 0xfffffffeu);
+  EXPECT_EQ(ShareGenerations::From(token.word()), token);
+  EXPECT_NE(ShareGenerations::Of(8, 0xfffffffeu), token);
+  EXPECT_NE(ShareGenerations::Of(7, 0xffffffffu), token);
+  EXPECT_EQ(ShareGenerations::NeverApplied().word(), ~uint64_t{0});
+  EXPECT_NE(ShareGenerations::Of(0, 0), ShareGenerations::NeverApplied());
 }
 
 TEST(FdTableTest, CreateRefusesNonPositiveCapacity) {
@@ -73,8 +150,8 @@ TEST(FdTableTest, LargeTableCommitsOnlyWhatIsTouched) {
   // One million entries (24 MB) reserved; only touched pages are used.
   std::unique_ptr<FdTable> table = MakeTable(1 << 20);
   ASSERT_NE(table, nullptr);
-  table->Get((1 << 20) - 1)->state.store(PackState(1, 1));
-  EXPECT_EQ(StateConn(table->Get((1 << 20) - 1)->state.load()), 1u);
+  table->Get((1 << 20) - 1)->state.store(FdState::Conn(1, 1).word());
+  EXPECT_EQ(FdState::From(table->Get((1 << 20) - 1)->state.load()).conn(), 1u);
   EXPECT_EQ(table->Get(1 << 20), nullptr);
 }
 
@@ -109,11 +186,11 @@ TEST(FdTableTest, HighWaterFromManyThreadsIsTheMaximum) {
 TEST(FdTableTest, TryPinPinsOnlyWhileTheStateMatches) {
   std::unique_ptr<FdTable> table = MakeTable(8);
   FdEntry& e = *table->Get(3);
-  const uint64_t state = PackState(10, 20);
+  const uint64_t state = FdState::Conn(10, 20).word();
   e.state.store(state);
-  EXPECT_FALSE(FdTable::TryPin(e, PackState(10, 21), false));
+  EXPECT_FALSE(FdTable::TryPin(e, FdState::Conn(10, 21).word(), false));
   EXPECT_EQ(e.busy.load(), 0u) << "a failed pin leaves it free";
-  EXPECT_FALSE(FdTable::TryPin(e, PackState(10, 21), true));
+  EXPECT_FALSE(FdTable::TryPin(e, FdState::Conn(10, 21).word(), true));
   EXPECT_EQ(e.busy.load(), 0u);
   ASSERT_TRUE(FdTable::TryPin(e, state, false));
   EXPECT_EQ(e.busy.load(), 1u);
@@ -126,7 +203,7 @@ TEST(FdTableTest, TryPinPinsOnlyWhileTheStateMatches) {
 TEST(FdTableTest, TryPinWithoutWaitFailsWhileAnotherHoldsThePin) {
   std::unique_ptr<FdTable> table = MakeTable(8);
   FdEntry& e = *table->Get(1);
-  const uint64_t state = PackState(1, 1);
+  const uint64_t state = FdState::Conn(1, 1).word();
   e.state.store(state);
   ASSERT_TRUE(FdTable::TryPin(e, state, false));
   EXPECT_FALSE(FdTable::TryPin(e, state, false));
@@ -139,7 +216,7 @@ TEST(FdTableTest, TryPinWithoutWaitFailsWhileAnotherHoldsThePin) {
 TEST(FdTableTest, TryPinWithWaitGetsThePinOnlyAfterTheHolderUnpins) {
   std::unique_ptr<FdTable> table = MakeTable(8);
   FdEntry& e = *table->Get(2);
-  const uint64_t state = PackState(2, 2);
+  const uint64_t state = FdState::Conn(2, 2).word();
   e.state.store(state);
   ASSERT_TRUE(FdTable::TryPin(e, state, false));
   std::atomic<bool> started{false};
@@ -173,7 +250,7 @@ TEST(FdTableTest, TryPinWithWaitGetsThePinOnlyAfterTheHolderUnpins) {
 TEST(FdTableTest, UntrackClearsTheStateAndReturnsIt) {
   std::unique_ptr<FdTable> table = MakeTable(8);
   FdEntry& e = *table->Get(4);
-  const uint64_t state = PackState(4, 9);
+  const uint64_t state = FdState::Conn(4, 9).word();
   e.state.store(state);
   EXPECT_EQ(FdTable::Untrack(e), state);
   EXPECT_EQ(e.state.load(), 0u);
@@ -184,7 +261,7 @@ TEST(FdTableTest, UntrackClearsTheStateAndReturnsIt) {
 TEST(FdTableTest, UntrackWaitsForThePinHolder) {
   std::unique_ptr<FdTable> table = MakeTable(8);
   FdEntry& e = *table->Get(5);
-  const uint64_t state = PackState(5, 5);
+  const uint64_t state = FdState::Conn(5, 5).word();
   e.state.store(state);
   ASSERT_TRUE(FdTable::TryPin(e, state, false));
   std::atomic<bool> returned{false};
@@ -215,7 +292,7 @@ TEST(FdTableTest, UntrackKeepsWaitingForAPreemptedPinHolder) {
   constexpr int64_t kPreemptedNs = 50 * kNsPerMs;
   std::unique_ptr<FdTable> table = MakeTable(8);
   FdEntry& e = *table->Get(6);
-  const uint64_t state = PackState(6, 6);
+  const uint64_t state = FdState::Conn(6, 6).word();
   e.state.store(state);
   ASSERT_TRUE(FdTable::TryPin(e, state, false));
   std::atomic<bool> returned{false};
@@ -243,7 +320,7 @@ TEST(FdTableTest, ClearPinsAfterForkReleasesPinsBelowHighWater) {
   std::unique_ptr<FdTable> table = MakeTable(16);
   for (int fd = 0; fd < 10; ++fd) {
     FdEntry& e = *table->Get(fd);
-    e.state.store(PackState(fd, 1));
+    e.state.store(FdState::Conn(fd, 1).word());
     ASSERT_TRUE(FdTable::TryPin(e, e.state.load(), false));
     table->NoteTracked(fd);
   }
@@ -251,7 +328,7 @@ TEST(FdTableTest, ClearPinsAfterForkReleasesPinsBelowHighWater) {
   for (int fd = 0; fd < 10; ++fd) {
     FdEntry& e = *table->Get(fd);
     EXPECT_EQ(e.busy.load(), 0u) << fd;
-    EXPECT_EQ(StateConn(e.state.load()), static_cast<uint32_t>(fd))
+    EXPECT_EQ(FdState::From(e.state.load()).conn(), static_cast<uint32_t>(fd))
         << "states are kept";
     EXPECT_TRUE(FdTable::TryPin(e, e.state.load(), false));
     FdTable::Unpin(e);
@@ -275,7 +352,7 @@ TEST(FdTableTest, PinnedWatcherNeverActsOnAnEntryClosedAfterUntrack) {
   std::atomic<uint32_t> generation[kEntries];
   for (int fd = 0; fd < kEntries; ++fd) {
     generation[fd].store(1);
-    table->Get(fd)->state.store(PackState(fd, 1));
+    table->Get(fd)->state.store(FdState::Conn(fd, 1).word());
     table->NoteTracked(fd);
   }
   std::atomic<bool> stop{false};
@@ -294,7 +371,8 @@ TEST(FdTableTest, PinnedWatcherNeverActsOnAnEntryClosedAfterUntrack) {
         // the whole time we hold the pin.
         bool stale = false;
         for (int i = 0; i < 4; ++i) {
-          if (generation[fd].load() != StateCookie(state)) stale = true;
+          if (generation[fd].load() != FdState::From(state).cookie())
+            stale = true;
         }
         const uint64_t now = e.state.load();
         if (now != state && now != 0) stale = true;
@@ -312,13 +390,14 @@ TEST(FdTableTest, PinnedWatcherNeverActsOnAnEntryClosedAfterUntrack) {
           FdEntry& e = *table->Get(fd);
           const uint32_t gen = generation[fd].load();
           // Only this thread writes this entry's state: Untrack returns it.
-          if (FdTable::Untrack(e) != PackState(fd, gen)) {
+          if (FdTable::Untrack(e) != FdState::Conn(fd, gen).word()) {
             bad_untracks.fetch_add(1, std::memory_order_relaxed);
           }
           // close(fd) ran; accept() returns the same number.
           const uint32_t next = (gen + 1) & 0x7fffffffu;
           generation[fd].store(next);
-          e.state.store(PackState(fd, next), std::memory_order_release);
+          e.state.store(FdState::Conn(fd, next).word(),
+                        std::memory_order_release);
           closes.fetch_add(1, std::memory_order_relaxed);
         }
       }

@@ -78,7 +78,8 @@ TEST(InheritedTest, AClientConnectionIsMarkedAndItsDuplicatesJoinIt) {
       &dups);
 
   EXPECT_EQ(n, 1);
-  EXPECT_EQ(table->Get(server)->state.load(), PendingGroupState(server));
+  EXPECT_EQ(FdState::From(table->Get(server)->state.load()),
+            FdState::PendingGroup(server));
   EXPECT_EQ(table->Get(client)->state.load(), 0u);    // outgoing
   EXPECT_EQ(table->Get(listener)->state.load(), 0u);  // listening
   EXPECT_EQ(table->Get(server_dup)->state.load(), 0u);

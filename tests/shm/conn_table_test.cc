@@ -120,6 +120,25 @@ TEST_F(ConnTableTest, FreedConnectionSlotGetsANewCookie) {
             ConnTable::CookieOf(seq));
 }
 
+// ConnRef's encode and decode, tested here once: its users trust them.
+TEST(ConnRefTest, RoundTripsTheIndexHighAndTheCookieLow) {
+  struct Case {
+    uint32_t conn;
+    uint32_t cookie;
+  };
+  for (const Case c : {Case{0, 1}, Case{1, 0x7fffffff}, Case{6895, 12345},
+                       Case{0xfffffffe, 0xffffffff}}) {
+    const ConnRef ref = ConnRef::Of(c.conn, c.cookie);
+    EXPECT_EQ(ref.word(), uint64_t{c.conn} << 32 | c.cookie);
+    EXPECT_EQ(ref.conn(), c.conn);
+    EXPECT_EQ(ref.cookie(), c.cookie);
+    EXPECT_EQ(ConnRef::From(ref.word()), ref);
+    EXPECT_NE(ref.word(), 0u) << "a drain slot's free mark";
+  }
+  EXPECT_NE(ConnRef::Of(1, 2), ConnRef::Of(2, 1));
+  EXPECT_EQ(ConnRef().word(), 0u);
+}
+
 TEST_F(ConnTableTest, RegisterRefusesIndicesOutOfRange) {
   std::unique_ptr<Zone> zone = Open();
   ASSERT_NE(zone, nullptr);

@@ -11,6 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "src/base/clock.h"
+#include "src/shm/conn_table.h"
 #include "src/shm/zone.h"
 #include "src/shm/zone_layout.h"
 #include "tests/shm/zone_fixture.h"
@@ -70,7 +71,7 @@ TEST_F(HandoffTableTest, HandoffsAreWithdrawnExpiredAndReapedPerProcess) {
   uint64_t out[kMinHandoffSlots];
   EXPECT_EQ(zone->handoffs().ExpireLocked(0, 5000, out, kMinHandoffSlots), 0u);
   ASSERT_EQ(zone->handoffs().ExpireLocked(0, 5001, out, kMinHandoffSlots), 1u);
-  EXPECT_EQ(out[0], uint64_t{a} << 32 | 1);
+  EXPECT_EQ(ConnRef::From(out[0]), ConnRef::Of(a, 1));
   EXPECT_FALSE(zone->handoffs().MayHave(10));
   EXPECT_TRUE(zone->handoffs().MayHave(11)) << "another process's stays";
 }

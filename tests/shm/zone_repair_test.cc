@@ -184,7 +184,7 @@ TEST_F(ZoneRepairTest, ARepairRecountsTheUnderPaceMarks) {
   BudgetState state = LoadBudget(key);
   state.packet_bytes = 65536;
   StoreBudget(key, state);
-  key.budget_aux.fetch_or(~kAuxHolderMask);  // a count gone wrong
+  key.budget_aux.fetch_or(~BudgetAux::kHolderMask);  // a count gone wrong
   zone->RepairLocked();
   EXPECT_EQ(UnderPaceOf(key), 2u);
   EXPECT_EQ(conns.slot(c3).under_pace.load(), 0u);
