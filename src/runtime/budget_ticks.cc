@@ -49,15 +49,16 @@ int64_t BudgetTicks::Tick(int64_t now_ns) {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) continue;
+    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
+      continue;
     ++governed;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (visit != 0 && static_cast<int32_t>(tick_ - visit) < 0) {
       if (static_cast<int32_t>(visit - next_due) < 0) next_due = visit;
       continue;
     }
-    LocalConn& local = local_[StateConn(state)];
-    ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
+    LocalConn& local = local_[FdState::From(state).conn()];
+    ConnSlotShm& conn = zone_->conns().slot(FdState::From(state).conn());
     uint32_t gap_ticks = not_sending_ticks;
     if (ConnValid(conn, state) && conn.active.load(std::memory_order_relaxed) &&
         conn.proc_index.load(std::memory_order_relaxed) == me) {
@@ -159,7 +160,7 @@ bool BudgetTicks::ApplyDue(const LocalConn& local, const ConnSlotShm& conn,
 
 void BudgetTicks::MeasureConn(int fd, FdEntry& entry, uint64_t state,
                               ConnSlotShm& conn, int64_t now_ns) {
-  LocalConn& local = local_[StateConn(state)];
+  LocalConn& local = local_[FdState::From(state).conn()];
   if (now_ns < local.next_measure_ns.load(std::memory_order_relaxed)) {
     EstimateConn(local, conn, now_ns);
     return;
@@ -190,7 +191,8 @@ void BudgetTicks::MeasureConn(int fd, FdEntry& entry, uint64_t state,
   if (unsent >= 0) {
     // Pinned: the host's close, which takes it off the count, waits.
     zone_->conns().SetUnderPace(
-        StateConn(state), local.meter.UnderPace(left, unsent, pace, now_ns));
+        FdState::From(state).conn(),
+        local.meter.UnderPace(left, unsent, pace, now_ns));
   }
   FdTable::Unpin(entry);
   if (unsent < 0) return;

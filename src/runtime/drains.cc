@@ -28,14 +28,15 @@ constexpr rlim_t kKeptFdBase = 4096;
 }  // namespace
 
 bool Drains::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
-  const uint32_t index = StateConn(state);
+  const uint32_t index = FdState::From(state).conn();
   if (!local_.ok() || index >= zone_->conns().capacity()) return false;
   ConnSlotShm& conn = zone_->conns().slot(index);
   if (!ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed) ||
       conn.proc_index.load(std::memory_order_relaxed) !=
           watcher_.proc_index() ||
-      (local_[index].refs.load(std::memory_order_relaxed) & 0xffffffffu) != 1 ||
-      zone_->handoffs().MayBeHandedOff(index, StateCookie(state))) {
+      LocalRefs::From(local_[index].refs.load(std::memory_order_relaxed))
+              .count() != 1 ||
+      zone_->handoffs().MayBeHandedOff(index, FdState::From(state).cookie())) {
     // Passed to another process, which sends the rest (Release keeps it).
     return false;
   }
@@ -50,7 +51,7 @@ bool Drains::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
     }
   }
   if (slot == kDrainSlots) return false;  // full: counted as sent at once
-  if (!local_.DropRef(index, StateCookie(state))) {
+  if (!local_.DropRef(index, FdState::From(state).cookie())) {
     // Another fd of this process still has it (a dup raced the close).
     drains_[slot].store(0, std::memory_order_release);
     return true;
@@ -59,7 +60,7 @@ bool Drains::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
   // (ApplyDue defers small ones) is applied now. Without a kept fd that
   // rate holds for good, since nobody can change an orphaned socket's.
   const uint32_t k = conn.key_index.load(std::memory_order_relaxed);
-  uint64_t token = kNeverApplied;
+  uint64_t token = ShareGenerations::NeverApplied().word();
   if (k < zone_->keys().capacity()) {
     token = pacer_.ShareToken(zone_->keys().slot(k));
     const uint64_t level = pacer_.ShareFor(zone_->keys().slot(k));
@@ -80,7 +81,7 @@ bool Drains::KeepDraining(int fd, uint64_t state, bool may_keep_fd) {
   drain_token_[slot].store(token, std::memory_order_relaxed);
   drain_due_ns_[slot].store(now + kBudgetTickNs, std::memory_order_relaxed);
   drain_fd_[slot].store(kept + 1, std::memory_order_relaxed);
-  drains_[slot].store(uint64_t{index} << 32 | StateCookie(state),
+  drains_[slot].store(ConnRef::Of(index, FdState::From(state).cookie()).word(),
                       std::memory_order_release);
   return true;
 }
@@ -127,7 +128,8 @@ int Drains::KeepFd(int fd, uint32_t slot) {
   epolls_.RemoveFromAll(fd);
   kept_drains_.fetch_add(1, std::memory_order_relaxed);
   entry->visit_tick.store(0, std::memory_order_relaxed);
-  entry->state.store(KeptDrainState(slot), std::memory_order_release);
+  entry->state.store(FdState::KeptDrain(slot).word(),
+                     std::memory_order_release);
   table_->NoteTracked(kept);
   return kept;
 }
@@ -142,7 +144,7 @@ bool Drains::CloseKept(uint32_t slot) {
   const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
   FdEntry* entry = kept >= 0 ? table_->Get(kept) : nullptr;
   if (entry == nullptr) return false;
-  const uint64_t expected = KeptDrainState(slot);
+  const uint64_t expected = FdState::KeptDrain(slot).word();
   // Whoever clears the mark owns the fd: a host close racing this one
   // (Release) only drops it from the books.
   if (entry->state.load(std::memory_order_acquire) != expected ||
@@ -166,7 +168,8 @@ int Drains::ReleaseKept() {
 int64_t Drains::VisitKept(uint32_t slot, int fd, const ConnSlotShm& conn) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr ||
-      !FdTable::TryPin(*entry, KeptDrainState(slot), /*wait=*/false)) {
+      !FdTable::TryPin(*entry, FdState::KeptDrain(slot).word(),
+                       /*wait=*/false)) {
     return -1;
   }
   int64_t unsent = UnsentBytes(fd);
@@ -193,8 +196,9 @@ bool Drains::Tick(int64_t now_ns) {
     if (packed == 0) continue;
     pending = true;
     if (packed == kDrainFilling) continue;
-    const uint32_t index = static_cast<uint32_t>(packed >> 32);
-    const uint64_t state = PackState(index, static_cast<uint32_t>(packed));
+    const ConnRef ref = ConnRef::From(packed);
+    const uint32_t index = ref.conn();
+    const uint64_t state = FdState::Conn(index, ref.cookie()).word();
     const int kept = drain_fd_[slot].load(std::memory_order_relaxed) - 1;
     if (index >= zone_->conns().capacity()) {
       CloseKept(static_cast<uint32_t>(slot));

@@ -76,7 +76,8 @@ class Drains : private GovernorPart {
   const Registry& registry_;
   KeyDecisions& decisions_;
   const HostEpolls& epolls_;
-  // Closed connections still draining: (conn << 32 | cookie), 0 if free.
+  // Closed connections still draining: a ConnRef word (conn_table.h), 0 if
+  // free.
   static constexpr int kDrainSlots = 1024;
   // A slot being filled in by KeepDraining; Tick leaves it alone.
   static constexpr uint64_t kDrainFilling = ~0ULL;

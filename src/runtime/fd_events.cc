@@ -27,7 +27,7 @@ void FdEvents::Close(int fd, bool may_keep_fd) {
   const uint64_t state = Detach(fd);
   // Budget mode: a connection closed with data unsent keeps its place in
   // its key (and keeps counting) until the kernel has sent it.
-  if (state != 0 && !IsKeptDrain(state) && BudgetWanted() &&
+  if (state != 0 && !FdState::From(state).kept_drain() && BudgetWanted() &&
       drains_.KeepDraining(fd, state, may_keep_fd)) {
     return;
   }
@@ -71,11 +71,13 @@ void FdEvents::Dup(int oldfd, int newfd) {
   // A pending registration stays with the fd it was accepted on: two
   // retries would count the connection twice. An inherited socket's group
   // takes the new fd in.
-  if (state == 0 || IsKeptDrain(state) || state == kRegisterPending) return;
+  if (state == 0 || FdState::From(state).kept_drain() ||
+      state == FdState::Pending().word())
+    return;
   if (to->state.load(std::memory_order_relaxed) != 0) {
     Release(FdTable::Untrack(*to));
   }
-  if (IsRegisterPending(state)) {
+  if (FdState::From(state).pending()) {
     to->state.store(state, std::memory_order_release);
     table_->NoteTracked(newfd);
     return;
@@ -84,10 +86,10 @@ void FdEvents::Dup(int oldfd, int newfd) {
 }
 
 void FdEvents::Release(uint64_t state) {
-  if (IsKeptDrain(state)) {
+  if (FdState::From(state).kept_drain()) {
     // The host closed or replaced the fd number of a kept drain (it closes
     // every fd, say): the drain goes on, modelled, without it.
-    drains_.DropKept(KeptDrainSlot(state));
+    drains_.DropKept(FdState::From(state).drain_slot());
     return;
   }
   registry_.Release(state);

@@ -47,15 +47,16 @@ int FdPassing::BeforePass(const msghdr* msg) {
     FdEntry* entry = table_->Get(fd);
     if (entry == nullptr) return;
     const uint64_t state = entry->state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) return;
+    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
+      return;
     const uint64_t inode = SocketInode(fd);
     if (inode == 0) return;
-    const uint32_t index = StateConn(state);
+    const uint32_t index = FdState::From(state).conn();
     ZoneLock lock(*zone_);
     if (!lock.ok() || !ConnValid(zone_->conns().slot(index), state)) return;
-    if (zone_->handoffs().PublishLocked(inode, index, StateCookie(state),
-                                        watcher_.proc_index(),
-                                        options_.clock->NowNs())) {
+    if (zone_->handoffs().PublishLocked(
+            inode, index, FdState::From(state).cookie(), watcher_.proc_index(),
+            options_.clock->NowNs())) {
       ++published;
     } else {
       full = true;
@@ -132,8 +133,9 @@ void FdPassing::ExpireHandoffs(int64_t now_ns) {
     const uint32_t n =
         zone_->handoffs().ExpireLocked(me, before, expired, kMinHandoffSlots);
     for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t index = static_cast<uint32_t>(expired[i] >> 32);
-      const uint32_t cookie = static_cast<uint32_t>(expired[i]);
+      const ConnRef ref = ConnRef::From(expired[i]);
+      const uint32_t index = ref.conn();
+      const uint32_t cookie = ref.cookie();
       if (index >= zone_->conns().capacity()) continue;
       const ConnSlotShm& conn = zone_->conns().slot(index);
       const bool held = local_.Refs(index, cookie) > 0;

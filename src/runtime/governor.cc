@@ -54,10 +54,11 @@ int64_t Governor::LastSendNs(int fd) const {
   const uint64_t state =
       entry != nullptr ? entry->state.load(std::memory_order_acquire) : 0;
   if (state == 0 || !local_.ok() ||
-      StateConn(state) >= zone_->conns().capacity()) {
+      FdState::From(state).conn() >= zone_->conns().capacity()) {
     return 0;
   }
-  return local_[StateConn(state)].last_send_ns.load(std::memory_order_relaxed);
+  return local_[FdState::From(state).conn()].last_send_ns.load(
+      std::memory_order_relaxed);
 }
 
 void Governor::OnAccept(int fd, const sockaddr* peer, socklen_t peer_len) {
@@ -98,16 +99,17 @@ Shape Governor::BeforeSend(int fd) {
   if (entry == nullptr) return Shape();
   const uint64_t state = entry->state.load(std::memory_order_acquire);
   if (state == 0) return Shape();
-  if (StateConn(state) >= zone_->conns().capacity()) {
-    if (IsRegisterPending(state)) registry_.RetryRegister(fd, *entry, state);
+  if (FdState::From(state).conn() >= zone_->conns().capacity()) {
+    if (FdState::From(state).pending())
+      registry_.RetryRegister(fd, *entry, state);
     return Shape();
   }
   // A tick's precision is plenty for idleness (TRAFFICRATE_IDLE is 200 ms by
   // default; a stamp a tick early only makes an idle look come a tick early,
   // and it still finds what is queued).
-  local_[StateConn(state)].last_send_ns.store(options_.clock->CoarseNowNs(),
-                                              std::memory_order_relaxed);
-  const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
+  local_[FdState::From(state).conn()].last_send_ns.store(
+      options_.clock->CoarseNowNs(), std::memory_order_relaxed);
+  const ConnSlotShm& conn = zone_->conns().slot(FdState::From(state).conn());
   if (!ConnValid(conn, state)) {
     registry_.Reregister(fd, *entry, state);
   } else if (!conn.active.load(std::memory_order_relaxed) ||
@@ -119,7 +121,7 @@ Shape Governor::BeforeSend(int fd) {
   }
   if (!options_.shape) return Shape();
   // The pacing applied to this socket, as SetPacing left it.
-  const LocalConn& local = local_[StateConn(state)];
+  const LocalConn& local = local_[FdState::From(state).conn()];
   Shape shape;
   shape.piece = local.piece.load(std::memory_order_relaxed);
   shape.first_left = local.first_left.load(std::memory_order_relaxed);
@@ -129,7 +131,8 @@ Shape Governor::BeforeSend(int fd) {
     // Not paced (budget mode, a key under its rate): nothing to cut, and
     // its first segments go as the kernel makes them.
     if (shape.first_left != 0) {
-      local_[StateConn(state)].first_left.store(0, std::memory_order_relaxed);
+      local_[FdState::From(state).conn()].first_left.store(
+          0, std::memory_order_relaxed);
     }
     return Shape();
   }
@@ -145,8 +148,9 @@ void Governor::UsedFirstPieces(int fd, uint32_t n) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr || n == 0) return;
   const uint64_t state = entry->state.load(std::memory_order_relaxed);
-  if (state == 0 || StateConn(state) >= zone_->conns().capacity()) return;
-  std::atomic<uint32_t>& left = local_[StateConn(state)].first_left;
+  if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
+    return;
+  std::atomic<uint32_t>& left = local_[FdState::From(state).conn()].first_left;
   const uint32_t before = left.load(std::memory_order_relaxed);
   left.store(before > n ? before - n : 0, std::memory_order_relaxed);
 }
@@ -165,9 +169,10 @@ void Governor::AfterSend(int fd, ssize_t sent) {
   FdEntry* entry = table_->Get(fd);
   if (entry == nullptr) return;
   const uint64_t state = entry->state.load(std::memory_order_relaxed);
-  if (state == 0 || StateConn(state) >= zone_->conns().capacity()) return;
+  if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
+    return;
   zone_->conns()
-      .slot(StateConn(state))
+      .slot(FdState::From(state).conn())
       .bytes_sent.fetch_add(static_cast<uint64_t>(sent),
                             std::memory_order_relaxed);
 }
@@ -262,7 +267,7 @@ void Governor::BeforeThreadLimit() {
   for (int fd = 0; fd < high_water; ++fd) {
     const uint64_t state =
         table_->Get(fd)->state.load(std::memory_order_relaxed);
-    if (state != 0 && !IsKeptDrain(state)) {
+    if (state != 0 && !FdState::From(state).kept_drain()) {
       EnsureProc();
       return;
     }

@@ -125,7 +125,7 @@ class Governor final : public WatcherDuties {
   // alone.
   void OnReceivedFds(const msghdr* msg);
   // At start-up (the library's constructor, TRAFFICRATE_INHERITED): governs
-  // (registers at their first send, see PendingGroupState)
+  // (registers at their first send, see FdState::PendingGroup)
   // the client connections the process inherited from its parent, such as
   // inetd's or systemd's (Accept=yes) fd 0/1, or socket-activation fds. A
   // connected TCP socket found then was made by no code of this program

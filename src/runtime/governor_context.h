@@ -57,7 +57,8 @@ class GovernorPart {
   // Whether fd state `state` names a connection slot of the zone (not 0, a
   // pending registration or a kept drain).
   bool IsConnState(uint64_t state) const {
-    return state != 0 && StateConn(state) < zone_->conns().capacity();
+    return state != 0 &&
+           FdState::From(state).conn() < zone_->conns().capacity();
   }
 
   Zone* const zone_;

@@ -40,12 +40,13 @@ void IdleExpiry::ExpireIdle(int64_t now_ns) {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) continue;
+    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
+      continue;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (!budget && visit != 0 && static_cast<int32_t>(tick - visit) < 0) {
       continue;
     }
-    const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
+    const ConnSlotShm& conn = zone_->conns().slot(FdState::From(state).conn());
     const uint64_t after = any_after ? rules_.AfterBytes(conn) : 0;
     if (after > 0 && ConnValid(conn, state) &&
         !conn.active.load(std::memory_order_relaxed) &&
@@ -70,7 +71,7 @@ void IdleExpiry::ExpireIdle(int64_t now_ns) {
 bool IdleExpiry::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
                               const ConnSlotShm& conn, int64_t now_ns,
                               bool* push, int64_t* quiet_until_ns) {
-  LocalConn& local = local_[StateConn(state)];
+  LocalConn& local = local_[FdState::From(state).conn()];
   const int64_t last = local.last_send_ns.load(std::memory_order_relaxed);
   if (!ConnValid(conn, state) || !conn.active.load(std::memory_order_relaxed)) {
     // A send joins it at once (and makes it due); a write this process
@@ -134,9 +135,9 @@ bool IdleExpiry::ExpireIfIdle(int fd, FdEntry& entry, uint64_t state,
   if (!lock.ok()) return false;
   if (ConnValid(conn, state) &&
       local.last_send_ns.load(std::memory_order_relaxed) == last) {
-    *push |= zone_->conns().LeaveLocked(StateConn(state)) &&
+    *push |= zone_->conns().LeaveLocked(FdState::From(state).conn()) &&
              registry_.SiblingsSendingLocked(conn);
-    local_.StartRest(StateConn(state));
+    local_.StartRest(FdState::From(state).conn());
   }
   return true;
 }
@@ -148,7 +149,7 @@ int64_t IdleExpiry::LookAtRest(int fd, FdEntry& entry, uint64_t state,
           watcher_.proc_index()) {
     return 0;
   }
-  LocalConn& local = local_[StateConn(state)];
+  LocalConn& local = local_[FdState::From(state).conn()];
   const int64_t due = local.rest_look_ns.load(std::memory_order_relaxed);
   if (now_ns < due) return due;
   if (!FdTable::TryPin(entry, state, /*wait=*/false)) return 0;
@@ -162,7 +163,7 @@ int64_t IdleExpiry::LookAtRest(int fd, FdEntry& entry, uint64_t state,
     // (a send joins at once). It sends now: not idle before
     // TRAFFICRATE_IDLE has passed, or its queue has left.
     local.last_send_ns.store(now_ns, std::memory_order_relaxed);
-    local_.StartRest(StateConn(state));
+    local_.StartRest(FdState::From(state).conn());
     registry_.JoinSlow(fd, entry, state);
     return now_ns;
   }

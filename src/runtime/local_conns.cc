@@ -12,26 +12,29 @@ LocalConns::~LocalConns() { UnmapPrivateArray(conns_, capacity_); }
 void LocalConns::AddRef(uint32_t index, uint32_t cookie) const {
   std::atomic<uint64_t>& refs = conns_[index].refs;
   uint64_t seen = refs.load(std::memory_order_relaxed);
-  uint64_t next;
-  do {
-    next = (seen >> 32) == cookie ? seen + 1 : (uint64_t{cookie} << 32 | 1);
-  } while (!refs.compare_exchange_weak(seen, next, std::memory_order_acq_rel));
+  while (!refs.compare_exchange_weak(seen,
+                                     LocalRefs::From(seen).Added(cookie).word(),
+                                     std::memory_order_acq_rel)) {
+  }
 }
 
 bool LocalConns::DropRef(uint32_t index, uint32_t cookie) const {
   std::atomic<uint64_t>& refs = conns_[index].refs;
   uint64_t seen = refs.load(std::memory_order_relaxed);
+  LocalRefs held;
   do {
+    held = LocalRefs::From(seen);
     // Another cookie: this fd held a registration that ended already.
-    if ((seen >> 32) != cookie || (seen & 0xffffffffu) == 0) return false;
-  } while (
-      !refs.compare_exchange_weak(seen, seen - 1, std::memory_order_acq_rel));
-  return (seen & 0xffffffffu) == 1;
+    if (!held.Holds(cookie)) return false;
+  } while (!refs.compare_exchange_weak(seen, held.Dropped().word(),
+                                       std::memory_order_acq_rel));
+  return held.count() == 1;
 }
 
 uint32_t LocalConns::Refs(uint32_t index, uint32_t cookie) const {
-  const uint64_t refs = conns_[index].refs.load(std::memory_order_relaxed);
-  return (refs >> 32) == cookie ? static_cast<uint32_t>(refs) : 0;
+  const LocalRefs refs =
+      LocalRefs::From(conns_[index].refs.load(std::memory_order_relaxed));
+  return refs.cookie() == cookie ? refs.count() : 0;
 }
 
 void LocalConns::Reset(uint32_t index, int64_t now_ns,

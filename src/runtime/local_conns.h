@@ -22,6 +22,7 @@
 
 #include "src/budget/meter.h"
 #include "src/runtime/fd_table.h"
+#include "src/runtime/local_refs.h"
 #include "src/shm/conn_table.h"
 #include "src/shm/zone_layout.h"
 
@@ -31,7 +32,7 @@ namespace trafficrate {
 inline constexpr uint64_t kNoKernelBase = ~uint64_t{0};
 
 struct LocalConn {
-  std::atomic<uint64_t> refs;  // cookie << 32 | fds of this process on it
+  std::atomic<uint64_t> refs;  // a LocalRefs word (local_refs.h)
   std::atomic<int64_t> last_send_ns;
   // Budget mode: when it is next measured; while it drains, when the
   // drain began.
@@ -109,7 +110,7 @@ class LocalConns {
 // zone slot `conn` (the slot was not freed and reused since).
 inline bool ConnValid(const ConnSlotShm& conn, uint64_t state) {
   return ConnTable::CookieOf(conn.seq.load(std::memory_order_acquire)) ==
-         StateCookie(state);
+         FdState::From(state).cookie();
 }
 
 }  // namespace trafficrate

@@ -6,15 +6,18 @@
 
 #include "src/budget/budget.h"
 #include "src/budget/shaper.h"
-#include "src/shm/key_budget.h"
 #include "src/budget/share.h"
+#include "src/shm/key_budget.h"
 
 namespace trafficrate {
 
 uint64_t Pacer::ShareToken(const KeySlotShm& key) const {
-  const uint64_t settings =
-      zone_->header().settings_generation.load(std::memory_order_acquire);
-  return settings << 32 | key.generation.load(std::memory_order_acquire);
+  // The settings generation first, as the writers bump it last.
+  const uint32_t settings = static_cast<uint32_t>(
+      zone_->header().settings_generation.load(std::memory_order_acquire));
+  return ShareGenerations::Of(settings,
+                              key.generation.load(std::memory_order_acquire))
+      .word();
 }
 
 uint64_t Pacer::ShareFor(const KeySlotShm& key) const {
@@ -101,8 +104,9 @@ void Pacer::ApplyChanged() const {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || StateConn(state) >= zone_->conns().capacity()) continue;
-    const ConnSlotShm& conn = zone_->conns().slot(StateConn(state));
+    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
+      continue;
+    const ConnSlotShm& conn = zone_->conns().slot(FdState::From(state).conn());
     if (!ConnValid(conn, state) ||
         !conn.active.load(std::memory_order_relaxed) ||
         conn.proc_index.load(std::memory_order_relaxed) != me) {

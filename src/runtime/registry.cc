@@ -73,7 +73,8 @@ void Registry::Register(int fd, FdEntry& entry, const ConnKey& key,
 bool Registry::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
                      int64_t now, uint64_t expected, bool fresh) {
   local_.AddRef(conn, cookie);
-  entry.applied.store(kNeverApplied, std::memory_order_relaxed);
+  entry.applied.store(ShareGenerations::NeverApplied().word(),
+                      std::memory_order_relaxed);
   entry.visit_tick.store(0, std::memory_order_relaxed);
   // A connection paced from its first byte sends its first segments as
   // first pieces; one that sends TRAFFICRATE_AFTER bytes unpaced first has
@@ -82,11 +83,12 @@ bool Registry::Adopt(int fd, FdEntry& entry, uint32_t conn, uint32_t cookie,
                fresh && rules_.AfterBytes(zone_->conns().slot(conn)) == 0
                    ? kFirstPieces
                    : 0);
-  if (!entry.state.compare_exchange_strong(expected, PackState(conn, cookie),
+  if (!entry.state.compare_exchange_strong(expected,
+                                           FdState::Conn(conn, cookie).word(),
                                            std::memory_order_acq_rel)) {
     // Closed meanwhile (RegisterPending, from the watcher): the
     // registration ends with it.
-    Release(PackState(conn, cookie));
+    Release(FdState::Conn(conn, cookie).word());
     return false;
   }
   table_->NoteTracked(fd);
@@ -105,7 +107,7 @@ void Registry::MarkPending(int fd, FdEntry& entry, const ConnKey* key) {
       setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate));
     }
   }
-  entry.state.store(kRegisterPending, std::memory_order_release);
+  entry.state.store(FdState::Pending().word(), std::memory_order_release);
   table_->NoteTracked(fd);
   pending_maybe_.store(true, std::memory_order_release);
 }
@@ -120,12 +122,13 @@ void Registry::RegisterPending() {
   const int high_water = table_->high_water();
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
-    if (entry.state.load(std::memory_order_acquire) != kRegisterPending) {
+    if (entry.state.load(std::memory_order_acquire) !=
+        FdState::Pending().word()) {
       continue;
     }
     // Pinned, so that the host's close waits for us (it clears the state
     // first: Adopt's exchange then fails, and the registration ends).
-    if (!FdTable::TryPin(entry, kRegisterPending, /*wait=*/false)) {
+    if (!FdTable::TryPin(entry, FdState::Pending().word(), /*wait=*/false)) {
       pending_maybe_.store(true, std::memory_order_release);
       continue;
     }
@@ -133,17 +136,18 @@ void Registry::RegisterPending() {
     uint8_t peer16[16];
     uint16_t peer_port = 0;
     const bool is_conn = ClassifyFd(fd, nullptr, 0, &key, peer16, &peer_port);
-    uint64_t state = kRegisterPending;
+    uint64_t state = FdState::Pending().word();
     if (!is_conn) {
       entry.state.compare_exchange_strong(state, 0, std::memory_order_acq_rel);
     } else {
-      Register(fd, entry, key, peer16, peer_port, kRegisterPending);
+      Register(fd, entry, key, peer16, peer_port, FdState::Pending().word());
       state = entry.state.load(std::memory_order_acquire);
     }
     FdTable::Unpin(entry);
-    if (state == kRegisterPending) {
+    if (state == FdState::Pending().word()) {
       pending_maybe_.store(true, std::memory_order_release);  // next loop
-    } else if (state != 0 && StateConn(state) < zone_->conns().capacity()) {
+    } else if (state != 0 &&
+               FdState::From(state).conn() < zone_->conns().capacity()) {
       // It was sending all along: it joins now, not at its next send,
       // which a full socket may put off for seconds.
       JoinSlow(fd, entry, state);
@@ -169,18 +173,18 @@ void Registry::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   const bool is_conn = ClassifyFd(fd, nullptr, 0, &key, peer16, &peer_port);
   if (is_conn) {
     Register(fd, entry, key, peer16, peer_port, /*expected=*/0,
-             /*inherited=*/pending != kRegisterPending);
+             /*inherited=*/pending != FdState::Pending().word());
   }
-  if (pending != kRegisterPending) SettleGroup(fd, entry, pending);
+  if (pending != FdState::Pending().word()) SettleGroup(fd, entry, pending);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (state != 0 && StateConn(state) < zone_->conns().capacity()) {
+  if (state != 0 && FdState::From(state).conn() < zone_->conns().capacity()) {
     JoinSlow(fd, entry, state);
   }
 }
 
 void Registry::SettleGroup(int fd, FdEntry& entry, uint64_t pending) {
   const uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (state == kRegisterPending) {
+  if (state == FdState::Pending().word()) {
     // Not registered yet (the zone lock is held, the watcher starts): the
     // group waits on, for the next send through any of its fds.
     entry.state.store(pending, std::memory_order_release);
@@ -200,7 +204,7 @@ void Registry::SettleGroup(int fd, FdEntry& entry, uint64_t pending) {
 
 void Registry::CopyRegistration(const FdEntry& from, uint64_t state,
                                 FdEntry& to, int newfd) const {
-  local_.AddRef(StateConn(state), StateCookie(state));
+  local_.AddRef(FdState::From(state).conn(), FdState::From(state).cookie());
   to.applied.store(from.applied.load(std::memory_order_relaxed),
                    std::memory_order_relaxed);
   to.state.store(state, std::memory_order_release);
@@ -220,7 +224,7 @@ bool Registry::PastAfter(int fd, const ConnSlotShm& conn) const {
 }
 
 void Registry::JoinSlow(int fd, FdEntry& entry, uint64_t state) {
-  const uint32_t index = StateConn(state);
+  const uint32_t index = FdState::From(state).conn();
   const ConnSlotShm& conn = zone_->conns().slot(index);
   uint32_t me = watcher_.proc_index();
   const bool ours = conn.proc_index.load(std::memory_order_relaxed) == me;
@@ -286,8 +290,9 @@ void Registry::Reregister(int fd, FdEntry& entry, uint64_t state) {
     uint64_t expected = state;
     if (other != fd && dup.state.compare_exchange_strong(
                            expected, fresh, std::memory_order_acq_rel)) {
-      local_.DropRef(StateConn(state), StateCookie(state));
-      local_.AddRef(StateConn(fresh), StateCookie(fresh));
+      local_.DropRef(FdState::From(state).conn(),
+                     FdState::From(state).cookie());
+      local_.AddRef(FdState::From(fresh).conn(), FdState::From(fresh).cookie());
     }
   }
   JoinSlow(fd, entry, fresh);
@@ -295,9 +300,9 @@ void Registry::Reregister(int fd, FdEntry& entry, uint64_t state) {
 
 void Registry::Release(uint64_t state) {
   if (state == 0 || !local_.ok()) return;
-  const uint32_t index = StateConn(state);
+  const uint32_t index = FdState::From(state).conn();
   if (index >= zone_->conns().capacity() ||
-      !local_.DropRef(index, StateCookie(state))) {
+      !local_.DropRef(index, FdState::From(state).cookie())) {
     return;
   }
   // The last fd of this process on that connection. Only its owner ends the
@@ -317,7 +322,7 @@ void Registry::Release(uint64_t state) {
     }
     if (!ConnValid(conn, state) ||
         conn.proc_index.load(std::memory_order_relaxed) != me ||
-        zone_->handoffs().PendingLocked(index, StateCookie(state))) {
+        zone_->handoffs().PendingLocked(index, FdState::From(state).cookie())) {
       // Passed to another process and not received yet: its receiver
       // takes the registration over (or ExpireHandoffs ends it).
       return;
@@ -371,12 +376,13 @@ void Registry::FinishDeferredReleases() {
       const uint64_t state = slot.exchange(0, std::memory_order_acq_rel);
       if (state == 0) continue;
       deferred_count_.fetch_sub(1, std::memory_order_relaxed);
-      const uint32_t index = StateConn(state);
+      const uint32_t index = FdState::From(state).conn();
       if (index >= zone_->conns().capacity()) continue;
       const ConnSlotShm& conn = zone_->conns().slot(index);
       if (ConnValid(conn, state) &&
           conn.proc_index.load(std::memory_order_relaxed) == me &&
-          !zone_->handoffs().PendingLocked(index, StateCookie(state))) {
+          !zone_->handoffs().PendingLocked(index,
+                                           FdState::From(state).cookie())) {
         push |= DeregisterLocked(index);
       }
     }

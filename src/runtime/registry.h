@@ -39,7 +39,7 @@ class Registry : private GovernorPart {
   bool ClassifyFd(int fd, const sockaddr* peer, socklen_t peer_len,
                   ConnKey* key, uint8_t peer16[16], uint16_t* peer_port) const;
   // Registers fd's connection; its fd entry must still hold `expected`
-  // then (0, or kRegisterPending from RegisterPending), else the
+  // then (0, or FdState::Pending() from RegisterPending), else the
   // registration ends at once (the fd was closed meanwhile). inherited: the
   // socket came from the process's parent (an exec'd CGI helper's stdout);
   // a registration its accepting process made is taken over, as a forked
@@ -62,8 +62,8 @@ class Registry : private GovernorPart {
   // The watcher, once the zone lock is free: registers and joins the
   // connections marked pending, without waiting for their next send.
   void RegisterPending();
-  // A send on a pending fd. pending: the state it had (kRegisterPending,
-  // or an inherited socket's PendingGroupState).
+  // A send on a pending fd. pending: the state it had (FdState::Pending(),
+  // or an inherited socket's FdState::PendingGroup).
   void RetryRegister(int fd, FdEntry& entry, uint64_t pending);
   // Makes `to` (fd newfd) another fd of from's registration `state`.
   void CopyRegistration(const FdEntry& from, uint64_t state, FdEntry& to,
@@ -114,7 +114,7 @@ class Registry : private GovernorPart {
   std::atomic<uint64_t> deferred_[kDeferredSlots] = {};
   std::atomic<int> deferred_count_{0};
   std::atomic<uint64_t> deferred_lost_{0};
-  // Some fd may be kRegisterPending (MarkPending): RegisterPending looks.
+  // Some fd may be FdState::Pending() (MarkPending): RegisterPending looks.
   std::atomic<bool> pending_maybe_{false};
   mutable std::atomic<int64_t> last_full_log_ns_{0};
 };

@@ -83,13 +83,13 @@ void ZoneHealth::PassThroughAll() {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || IsKeptDrain(state)) continue;
+    if (state == 0 || FdState::From(state).kept_drain()) continue;
     // Pinned, so that the host cannot close the fd meanwhile (a close
     // clears the state first, then waits for the pin).
     if (!FdTable::TryPin(entry, state, /*wait=*/true)) continue;
     // A pending one too: it was paced at its rule's rate (MarkPending). An
     // inherited socket's group was not: it waits for its first send.
-    if (state == kRegisterPending || !IsRegisterPending(state)) {
+    if (state == FdState::Pending().word() || !FdState::From(state).pending()) {
       setsockopt(fd, SOL_SOCKET, SO_MAX_PACING_RATE, &kUnpaced,
                  sizeof(kUnpaced));
     }
