@@ -19,7 +19,8 @@ import socket
 import threading
 import time
 
-from clients import Download, _body, _connect, _read_head
+from clients import Download
+from http_client import _body, _connect, _read_head
 from netns_env import BIG_FILE, SERVER_HOST
 
 

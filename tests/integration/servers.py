@@ -28,7 +28,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from clients import http_get
+from http_client import http_get
 from netns_env import (NGINX, PYSERVER, PYTHON, SERVER_HOST, SMALL_FILE,
                        free_port, server_environment)
 from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
