@@ -25,7 +25,7 @@ from bodies import Body
 from clients import Download
 from http_client import _connect
 from netns_env import SERVER_HOST, free_port
-from servers import Server
+from server_base import Server
 
 VSFTPD = "/usr/sbin/vsftpd"
 PASV_PORTS = 16

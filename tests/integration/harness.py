@@ -18,9 +18,10 @@ the code lives in sibling modules and is re-exported here:
     children(), descendants(), kill_pid().
   * servers.py: NginxServer (real Debian nginx, master + N workers, daemon
     off, so we own the master's pid), PythonServer (pyserver.py, thread or
-    fork mode), ApacheServer (apache2, prefork or event MPM),
-    LighttpdServer, NodeServer (a Node.js cluster), ServerFactory; all stopped by pid, with every descendant,
-    and bounded waits.
+    fork mode), ServerFactory; supervised_servers.py: ApacheServer (apache2,
+    prefork or event MPM), LighttpdServer, NodeServer (a Node.js cluster);
+    server_base.py: Server, PidProcess. All stopped by pid, with every
+    descendant, and bounded waits.
   * clients.py: Download (one HTTP GET from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic()),
     DownloadSet / run_downloads() to run many in parallel, KeepaliveDownload
@@ -77,8 +78,9 @@ from netns_env import (BIG_CONTENT, BIG_FILE, BIG_FILE_SIZE, MEDIUM_CONTENT,
                        set_interface_mtu, sysctl, unique_zone, zone_path)
 from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
                    proc_starttime, wait_for)
-from servers import (ApacheServer, LighttpdServer, NginxServer, NodeServer,
-                     PidProcess, PythonServer, Server, ServerFactory)
+from server_base import PidProcess, Server
+from servers import NginxServer, PythonServer, ServerFactory
+from supervised_servers import ApacheServer, LighttpdServer, NodeServer
 from who_serves import (PROBE_PORT_FIRST, PROBE_PORT_LAST, established,
                         ports_by_worker, probe_owner, socket_owners)
 
