@@ -1,5 +1,5 @@
 """The HTTP client underneath the trafficrate integration tests' clients
-(part of harness.py; moved out of clients.py):
+(part of harness.py):
 
   * http_get() (one small complete GET), open_keepalive() and
     keepalive_get() for idle keep-alive connections;

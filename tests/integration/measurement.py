@@ -1,5 +1,4 @@
-"""Measurements for the trafficrate integration tests (part of harness.py;
-moved out of clients.py):
+"""Measurements for the trafficrate integration tests (part of harness.py):
 
   * Measurement (rates over a window), bucket_rates() (per-second rates) and
     within() to compare a rate with its target;

@@ -1,5 +1,5 @@
 """The server process handle of the trafficrate integration tests (part of
-harness.py; moved out of servers.py):
+harness.py):
 
   * Server: a server process we started (pid known), with captured output,
     stopped by pid with every descendant it ever had (also after its main

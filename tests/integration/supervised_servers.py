@@ -1,5 +1,5 @@
 """Servers that supervise forked workers, under LD_PRELOAD, for the
-trafficrate integration tests (part of harness.py; moved out of servers.py):
+trafficrate integration tests (part of harness.py):
 
   * SupervisedServer: a parent process that forks the workers that serve;
   * ApacheServer: the real Debian Apache httpd (apache2 -DFOREGROUND, a

@@ -1,8 +1,7 @@
 """Who serves whom, for the trafficrate integration tests (part of
-harness.py; moved out of clients.py): socket_owners() (which pid holds
-which TCP connection, via ss), established(), and probe_owner() /
-ports_by_worker() to pick source ports that land on chosen nginx reuseport
-workers.
+harness.py): socket_owners() (which pid holds which TCP connection, via
+ss), established(), and probe_owner() / ports_by_worker() to pick source
+ports that land on chosen nginx reuseport workers.
 
 Standard library only; import it through harness (`import harness`).
 """
