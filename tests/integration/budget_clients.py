@@ -1,4 +1,4 @@
-"""Clients for the shared-budget scenarios of test_budget.py (part of
+"""Clients for the shared-budget scenarios of test_budget_*.py (part of
 harness.py; harness re-exports PacedDownload, import the others from here):
 
   * PacedDownload: a Download read slowly (small SO_RCVBUF, paced reads);
