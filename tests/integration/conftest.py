@@ -99,6 +99,21 @@ def small_gso_packets(test_namespace):
     harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
 
 
+DEFAULT_TSO_RTT_LOG = 9
+
+
+@pytest.fixture(scope="module")
+def default_tso(test_namespace):
+    """net.ipv4.tcp_tso_rtt_log at the kernel's default (9) while a module
+    runs, whatever an earlier module left; restored after. The
+    test_shaper_*.py modules use it with pytestmark =
+    pytest.mark.usefixtures(...), as users have the default."""
+    assert not harness.namespace_problems()  # never touch the host's netns
+    old = harness.sysctl("net.ipv4.tcp_tso_rtt_log", DEFAULT_TSO_RTT_LOG)
+    yield
+    harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
+
+
 @pytest.fixture(scope="session")
 def session_dir():
     path = harness.make_workdir()
