@@ -24,9 +24,11 @@ import select
 import subprocess
 import time
 
-from benchlib import (BIG_FILE, SERVER_HOST, InterruptTrace, harness, jain, log, median,
-                      outside_interrupts, outside_interrupts_sampled, row, thread_cpu,
-                      watcher_tids)
+from bench_cpu import (InterruptTrace, outside_interrupts, outside_interrupts_sampled,
+                       thread_cpu, watcher_tids)
+from bench_figures import jain, median
+from bench_table import row
+from benchlib import BIG_FILE, SERVER_HOST, harness, log
 
 STAGES = (1000, 5000, 10000, 25000, 50000)
 QUICK_STAGES = (1000, 5000)

@@ -1,7 +1,7 @@
 """The scenarios of the shared-budget benchmark (issue 7); see README.md.
 
 Each scenario is a function (bench) -> (rows, raw): rows for the final table
-(benchlib.row(): one figure per share mode and the budget column's target),
+(bench_table.row(): one figure per share mode and the budget column's target),
 raw a JSON-able dict of what was measured. Every share mode runs against its
 own fresh nginx and zone, one after the other, in the same namespace.
 """
@@ -13,13 +13,15 @@ from contextlib import ExitStack
 
 import traceback
 
+from bench_client import drive, drive_parallel, http_request
+from bench_cpu import (InterruptTrace, outside_interrupts, outside_interrupts_sampled,
+                       process_cpu, thread_cpu, watcher_tids)
+from bench_figures import jain, median, percentile, spread
+from bench_figures import windows as windows_of
+from bench_table import row
 from benchlib import (BIG_FILE, IDLE_THREAD, IDLE_THREAD_LIB, LIB_MODES, LIMIT_CONN,
-                      NO_SHAPE, SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, InterruptTrace,
-                      drive, drive_parallel, harness, http_request, jain, log, median,
-                      outside_interrupts, outside_interrupts_sampled, percentile,
-                      process_cpu, row, spread, thread_cpu, trickle_evidence,
-                      watcher_tids)
-from benchlib import windows as windows_of
+                      NO_SHAPE, SERVER_HOST, SMALL_FILE_4K, TOOL_TEXT, harness, log,
+                      trickle_evidence)
 from scale import scale
 
 RATE = "500k"
