@@ -38,8 +38,8 @@ from pathlib import Path
 
 import benchlib
 import report
-from benchlib import (LIB_MODES, REPO_ROOT, TOOL_TEXT, TOOLS, fmt_value, harness, log,
-                      target_text, verdict)
+from bench_table import fmt_value, target_text, verdict
+from benchlib import LIB_MODES, REPO_ROOT, TOOL_TEXT, TOOLS, harness, log
 from scenarios import SCENARIOS
 
 RESULTS_DIR = benchlib.BENCH_DIR / "results"

@@ -31,7 +31,7 @@ import re
 import sys
 from pathlib import Path
 
-import benchlib
+import bench_table
 
 RATE_UNITS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
 
@@ -68,8 +68,8 @@ def markdown_table(rows, columns):
              "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["scenario"], r["metric"]]
-        cells += [benchlib.fmt_value(r, c) for c in columns]
-        cells += [benchlib.target_text(r), benchlib.verdict(r) or "-"]
+        cells += [bench_table.fmt_value(r, c) for c in columns]
+        cells += [bench_table.target_text(r), bench_table.verdict(r) or "-"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

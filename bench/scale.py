@@ -24,9 +24,12 @@ import select
 import subprocess
 import time
 
-from benchlib import (BIG_FILE, SERVER_HOST, InterruptTrace, harness, jain, log, median,
-                      outside_interrupts, outside_interrupts_sampled, row, thread_cpu,
-                      watcher_tids)
+from bench_cpu import (InterruptTrace, outside_interrupts, outside_interrupts_sampled,
+                       thread_cpu, watcher_tids)
+from bench_figures import jain, median
+from bench_table import row
+from benchlib import BIG_FILE, SERVER_HOST, harness, log
+from scenario_convergence import run_convergence
 
 STAGES = (1000, 5000, 10000, 25000, 50000)
 QUICK_STAGES = (1000, 5000)
@@ -310,7 +313,6 @@ def run_population(bench, name, mode, rate, stages, first_source, nsources,
 def scale(bench):
     """50 000 connections over 4 workers, then 50 000 keys: delivered bytes,
     watcher CPU, resident memory, zone use, join latency, per stage."""
-    from scenarios import run_convergence  # scenarios imports this module
     stages = QUICK_STAGES if bench.quick else STAGES
     last = stages[-1]
     raw = {"stages": list(stages), "mode": MODE, "zone_size": ZONE_SIZE,

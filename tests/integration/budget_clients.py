@@ -1,4 +1,4 @@
-"""Clients for the shared-budget scenarios of test_budget.py (part of
+"""Clients for the shared-budget scenarios of test_budget_*.py (part of
 harness.py; harness re-exports PacedDownload, import the others from here):
 
   * PacedDownload: a Download read slowly (small SO_RCVBUF, paced reads);
@@ -19,7 +19,8 @@ import socket
 import threading
 import time
 
-from clients import Download, _body, _connect, _read_head
+from clients import Download
+from http_client import _body, _connect, _read_head
 from netns_env import BIG_FILE, SERVER_HOST
 
 

@@ -11,9 +11,8 @@ import json
 import subprocess
 import time
 
-from clients import ports_by_worker
-
 from netns_env import cli_path, server_environment
+from who_serves import ports_by_worker
 
 
 def run_cli(*args, timeout=10.0, env=None):

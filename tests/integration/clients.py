@@ -1,8 +1,5 @@
-"""Clients and measurements for the trafficrate integration tests (part of
-harness.py).
+"""Clients for the trafficrate integration tests (part of harness.py).
 
-  * HTTP: http_get() (one small complete GET), open_keepalive() and
-    keepalive_get() for idle keep-alive connections;
   * Download: one HTTP GET of a big file from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic();
     DownloadSet / run_downloads() run many in parallel; KeepaliveDownload
@@ -11,13 +8,10 @@ harness.py).
   * every client here hands each response's body to a bodies.Body, which
     undoes chunked framing and gzip, hashes the content and is checked
     after each test (conftest.py): every byte must be the served file's;
-  * Measurement (rates over a window), bucket_rates() (per-second rates) and
-    within() to compare a rate with its target; pauses_in() says where this
-    client process itself stood still (PauseWatch), so that a second whose
-    bytes it read late is not judged as the server's;
-  * who serves whom: socket_owners() (which pid holds which TCP connection,
-    via ss), established(), and probe_owner() / ports_by_worker() to pick
-    source ports that land on chosen nginx reuseport workers.
+  * the HTTP client underneath (http_get(), open_keepalive(),
+    keepalive_get()) is in http_client.py; Measurement, bucket_rates(),
+    within() and the PauseWatch (pauses_in()) in measurement.py; who serves
+    whom (socket_owners(), ports_by_worker()) in who_serves.py;
   * the shared-budget scenarios' clients (a slow reader, Range requests,
     small keep-alive requests) are in budget_clients.py.
 
@@ -27,203 +21,17 @@ Standard library only; import it through harness (`import harness`).
 import array
 import bisect
 import fcntl
-import re
 import socket
 import struct
-import subprocess
 import termios
 import threading
 import time
 
-from bodies import Body
-from netns_env import BIG_FILE, MEDIUM_FILE, SERVER_HOST, SMALL_FILE
+from http_client import _body, _connect, _read_head, _request
+from measurement import Measurement, pause_watch
+from netns_env import BIG_FILE, MEDIUM_FILE, SERVER_HOST
 from procs import wait_for
-
-# ---------------------------------------------------------------- HTTP client
-
-def _connect(port, source=None, host=SERVER_HOST, timeout=5.0, source_port=0,
-             rcvbuf=None):
-    v6 = ":" in host  # an IPv6 server address: so is the source
-    sock = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET,
-                         socket.SOCK_STREAM)
-    try:
-        if rcvbuf is not None:  # before connect, so the window is sized by it
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.settimeout(timeout)
-        if source or source_port:
-            if source_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((source or ("::" if v6 else "0.0.0.0"), source_port or 0))
-        sock.connect((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _host(host):
-    return "[%s]" % host if ":" in host else host  # IPv6 in brackets
-
-
-def _url(host, port, path):
-    return "http://%s:%d%s" % (_host(host), port, path)
-
-
-def _request(path, host, port, keepalive, headers=None):
-    """A GET request; headers: more header lines, {name: value}."""
-    extra = "".join("%s: %s\r\n" % kv for kv in (headers or {}).items())
-    return ("GET %s HTTP/1.1\r\nHost: %s:%d\r\nUser-Agent: trafficrate-it\r\n"
-            "%sConnection: %s\r\n\r\n" % (path, _host(host), port, extra,
-                                          "keep-alive" if keepalive else "close")
-            ).encode()
-
-
-def _body(path, host, port, status, headers, label=None, verify=True):
-    """The bodies.Body of a 200 or 206 response (None for other statuses,
-    whose bodies are not the file's)."""
-    if status not in (200, 206):
-        return None
-    return Body(path, headers, status, label=label,
-                url=_url(host, port, path), verify=verify)
-
-
-def _read_head(sock, deadline):
-    """Read a response head; returns (status, headers, leftover body bytes)."""
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        if time.monotonic() > deadline or len(buf) > 65536:
-            raise TimeoutError("no complete response head")
-        try:
-            chunk = sock.recv(65536)
-        except socket.timeout:
-            continue
-        if not chunk:
-            raise ConnectionError("connection closed before response head")
-        buf += chunk
-    head, rest = buf.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers, rest
-
-
-def http_get(port, path=SMALL_FILE, source=None, host=SERVER_HOST, timeout=5.0,
-             max_body=1 << 20):
-    """A small complete GET (Connection: close): (status, headers, body)."""
-    deadline = time.monotonic() + timeout
-    with _connect(port, source, host, timeout) as sock:
-        sock.settimeout(min(timeout, 0.5))
-        sock.sendall(_request(path, host, port, keepalive=False))
-        status, headers, body = _read_head(sock, deadline)
-        checked = _body(path, host, port, status, headers, label=source)
-        if checked:
-            checked.feed(body)
-        length = int(headers.get("content-length", max_body))
-        while len(body) < min(length, max_body) and time.monotonic() < deadline:
-            try:
-                chunk = sock.recv(65536)
-            except socket.timeout:
-                continue
-            if not chunk:
-                if checked:
-                    checked.end()
-                break
-            if checked:
-                checked.feed(chunk)
-            body += chunk
-        return status, headers, body
-
-
-def open_keepalive(port, path=SMALL_FILE, source=None, host=SERVER_HOST,
-                   timeout=5.0):
-    """Complete one keep-alive GET and return the still-open, idle socket.
-
-    The caller owns the socket (close it). Reuse it with keepalive_get().
-    """
-    sock = _connect(port, source, host, timeout)
-    try:
-        keepalive_get(sock, port, path, host, timeout)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def keepalive_get(sock, port, path=SMALL_FILE, host=SERVER_HOST, timeout=5.0):
-    """Another complete GET on an open keep-alive socket; returns the body."""
-    deadline = time.monotonic() + timeout
-    sock.settimeout(0.5)
-    sock.sendall(_request(path, host, port, keepalive=True))
-    status, headers, body = _read_head(sock, deadline)
-    if status != 200 or "content-length" not in headers:
-        raise RuntimeError("unexpected response %d %r" % (status, headers))
-    checked = _body(path, host, port, status, headers)
-    checked.feed(body)
-    length = int(headers["content-length"])
-    while len(body) < length:
-        if time.monotonic() > deadline:
-            raise TimeoutError("keep-alive body incomplete")
-        try:
-            chunk = sock.recv(min(65536, length - len(body)))
-        except socket.timeout:
-            continue
-        if not chunk:
-            raise ConnectionError("keep-alive connection closed")
-        checked.feed(chunk)
-        body += chunk
-    return body
-
-
-class PauseWatch(threading.Thread):
-    """Where this client process stood still: a thread that wakes every
-    TICK_S and records each gap longer than PAUSE_S between two wakes.
-
-    Every client here is a Python thread of the test process; when that
-    process does not run (a thread holding the GIL blocked in the kernel:
-    measured under load, an mprotect growing a malloc arena waiting 1-3 s
-    in vma_prepare, the whole process with it), bytes that arrived on
-    time are read, and so counted, late: a second of 0 then one of 3x,
-    for any server and with or without the library. A gap here is such a
-    stall, whatever its cause. One per process: pause_watch()."""
-
-    TICK_S = 0.01
-    PAUSE_S = 0.1
-
-    def __init__(self):
-        super().__init__(daemon=True, name="pause-watch")
-        self.pauses = []  # (monotonic start, end) of each gap > PAUSE_S
-
-    def run(self):
-        last = time.monotonic()
-        while True:
-            time.sleep(self.TICK_S)
-            now = time.monotonic()
-            if now - last > self.PAUSE_S:
-                self.pauses.append((last, now))
-            last = now
-
-
-_pause_watch = None
-_pause_watch_lock = threading.Lock()
-
-
-def pause_watch():
-    """The process's PauseWatch, started on first use (by every client)."""
-    global _pause_watch
-    with _pause_watch_lock:
-        if _pause_watch is None:
-            _pause_watch = PauseWatch()
-            _pause_watch.start()
-        return _pause_watch
-
-
-def pauses_in(a, b):
-    """The pauses of this client process (PauseWatch) that overlap [a, b],
-    as (start, end) pairs: a rate over [a, b] is then not the server's."""
-    return [(s, e) for s, e in list(pause_watch().pauses) if s < b and e > a]
+from who_serves import socket_owners
 
 
 class Download(threading.Thread):
@@ -441,98 +249,6 @@ class PausingDownload(Download):
         return self.times[i] if i < n else None
 
 
-class Measurement:
-    """Per-download and per-source rates over one window [t0, t1]."""
-
-    def __init__(self, downloads, t0, t1, target=None, owners=None):
-        self.downloads, self.t0, self.t1 = list(downloads), t0, t1
-        self.target = target
-        self.owners = owners or {}
-        self.per_download = [(d, d.rate(t0, t1)) for d in self.downloads]
-        self.per_source = {}
-        for d, r in self.per_download:
-            self.per_source[d.source] = self.per_source.get(d.source, 0.0) + r
-
-    def source_rate(self, source):
-        return self.per_source[source]
-
-    def download_rates(self, source):
-        return [r for d, r in self.per_download if d.source == source]
-
-    def report(self):
-        lines = ["window %.2f s (%.2f..%.2f s after start)%s" % (
-            self.t1 - self.t0, self.t0 - self.downloads[0].start_at,
-            self.t1 - self.downloads[0].start_at,
-            "" if self.target is None else ", target %d B/s per source" % self.target)]
-        for d, r in self.per_download:
-            owner = self.owners.get(d.label)
-            lines.append("  %-16s %10.0f B/s%s%s%s" % (
-                d.label, r,
-                "" if owner is None else "  pid %s" % owner,
-                "" if not d.error else "  ERROR %s" % d.error,
-                "  (EOF)" if d.eof else ""))
-        for source, r in self.per_source.items():
-            ratio = "" if not self.target else "  = %.4f x target" % (r / self.target)
-            lines.append("  %-16s %10.0f B/s total%s" % (source, r, ratio))
-        paused = paused_seconds(self.t0, self.t1)
-        if paused:
-            lines.append("  the test client stood still %.2f s in this window "
-                         "(PauseWatch): its rates are not the server's" % paused)
-        return "\n".join(lines)
-
-
-def bucket_rates(downloads, t0, t1, step=1.0):
-    """Consecutive buckets [a, a + step) from t0 up to t1 (monotonic times):
-    a list of (a, b, summed B/s, [B/s of each download])."""
-    result = []
-    n = int(round((t1 - t0) / step))
-    for i in range(n):
-        a, b = t0 + i * step, t0 + (i + 1) * step
-        rates = [d.rate(a, b) for d in downloads]
-        result.append((a, b, sum(rates), rates))
-    return result
-
-
-def bucket_text(rows, base, target):
-    """A table of bucket_rates() rows, times relative to base, each total
-    as a ratio of target; a row a pause of this client process overlaps
-    says so (it is not the server's)."""
-    lines = ["  second      client B/s   x target"]
-    for a, b, total, _ in rows:
-        paused = paused_seconds(a, b)
-        lines.append("  [%4.1f,%4.1f) %11.0f %10.4f%s" % (
-            a - base, b - base, total, total / target,
-            "   not judged: the test client stood still %.2f s" % paused
-            if paused else ""))
-    return "\n".join(lines)
-
-
-def on_time(rows):
-    """The rows of bucket_rates() that no pause of this client process
-    overlaps (pauses_in): those whose bytes were read as they came. A
-    pause moves bytes from its seconds into the second it ends in, so both
-    are left out; the mean of the rest is the rate over the seconds left."""
-    return [r for r in rows if not pauses_in(r[0], r[1])]
-
-
-def paused_seconds(t0, t1):
-    """How long this client process stood still within [t0, t1]."""
-    return sum(min(e, t1) - max(s, t0) for s, e in pauses_in(t0, t1))
-
-
-# Of a span's 1 s windows, at least this part must be on time (on_time()).
-MIN_ON_TIME = 0.5
-
-
-def require_on_time(count, on_time_count, report, what="seconds"):
-    """Fails (AssertionError) unless at least MIN_ON_TIME of `count` windows
-    were read on time: fewer are too few to judge a rate by."""
-    if on_time_count < MIN_ON_TIME * count:
-        raise AssertionError(
-            "the test client stood still in %d of %d %s (PauseWatch): too few "
-            "left to judge\n%s" % (count - on_time_count, count, what, report))
-
-
 class DownloadSet:
     """Parallel downloads, all from one start time."""
 
@@ -643,98 +359,3 @@ def run_downloads(port, sources, warmup=2.0, window=8.0, target=None,
         dset.stop()
         dset.join(10.0)
     return dset.measure(t0, t1, target)
-
-
-# ------------------------------------------------------------- who serves whom
-
-def socket_owners(port, host=SERVER_HOST):
-    """Established TCP connections on local host:port and the pids holding them.
-
-    Returns a list of dicts {peer: (ip, port), pids: [..], fds: [..]}, from
-    `ss -Htnp`. Useful to see which nginx worker serves which download.
-    """
-    out = subprocess.run(
-        ["ss", "-Htnp", "state", "established", "( sport = :%d )" % port],
-        capture_output=True, text=True, timeout=10).stdout
-    result = []
-    for line in out.splitlines():
-        m = re.search(r"(\S+):(\d+)\s+(\S+):(\d+)\s+(users:.*)?$", line)
-        if not m or m.group(1) != host:
-            continue
-        users = m.group(5) or ""
-        result.append({
-            "peer": (m.group(3), int(m.group(4))),
-            "pids": [int(p) for p in re.findall(r"pid=(\d+)", users)],
-            "fds": [int(f) for f in re.findall(r"fd=(\d+)", users)],
-        })
-    return result
-
-
-def established(port, source=None, host=SERVER_HOST):
-    """How many established connections to host:port (from source) exist."""
-    return len([o for o in socket_owners(port, host)
-                if source is None or o["peer"][0] == source])
-
-
-# Source ports for probe_owner()/ports_by_worker(): below the kernel's
-# ephemeral range (ip_local_port_range 32768-60999), so bind(0) never picks them.
-PROBE_PORT_FIRST, PROBE_PORT_LAST = 20000, 32000
-_next_probe_port = PROBE_PORT_FIRST
-
-
-def probe_owner(port, source, source_port, host=SERVER_HOST, timeout=2.0):
-    """Which pid accepts a connection from source:source_port to host:port?
-
-    Connects, waits until `ss` shows the accepting process, then resets the
-    connection (SO_LINGER 0: no TIME_WAIT, the port is free again at once).
-    The probe sends nothing, so it never joins a key. With nginx `listen ...
-    reuseport` the kernel picks the worker's socket by a hash of the 4-tuple,
-    so a later connection from the same source port lands on the same worker
-    (as long as the worker set is the same).
-    """
-    sock = _connect(port, source, host, timeout, source_port=source_port)
-    try:
-        def owner():
-            for o in socket_owners(port, host):
-                if o["peer"] == (source, source_port) and o["pids"]:
-                    return o["pids"]
-            return None
-        pids = wait_for(owner, timeout, 0.005)
-    finally:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-    return pids[0] if pids else None
-
-
-def ports_by_worker(port, source, wanted, host=SERVER_HOST, max_probes=200):
-    """Source ports whose connections land on chosen worker processes.
-
-    wanted: {pid: how many ports}. Returns {pid: [source ports]}. Needs a
-    server whose workers each listen on their own reuseport socket (nginx
-    `listen ... reuseport`). Raises RuntimeError if the probes do not find
-    enough ports for every pid.
-    """
-    global _next_probe_port
-    found = {pid: [] for pid in wanted}
-    seen = {}
-    for _ in range(max_probes):
-        if all(len(found[pid]) >= n for pid, n in wanted.items()):
-            return found
-        sport = _next_probe_port
-        _next_probe_port += 1
-        if _next_probe_port > PROBE_PORT_LAST:
-            _next_probe_port = PROBE_PORT_FIRST
-        try:
-            pid = probe_owner(port, source, sport, host)
-        except OSError:
-            continue  # port busy: try the next one
-        seen[pid] = seen.get(pid, 0) + 1
-        if pid in found and len(found[pid]) < wanted[pid]:
-            found[pid].append(sport)
-    raise RuntimeError("ports_by_worker: wanted %s, found %s after %d probes "
-                       "(accepting pids seen: %s)" % (wanted, found, max_probes, seen))
-
-
-def within(value, target, tolerance):
-    """|value / target - 1| <= tolerance."""
-    return abs(value / target - 1.0) <= tolerance

@@ -19,7 +19,9 @@ import shutil
 
 import pytest
 
+import cluster_fleet
 import harness
+import redis_server
 
 _BODY_MARK = pytest.StashKey()
 
@@ -97,6 +99,50 @@ def small_gso_packets(test_namespace):
     old = harness.sysctl("net.ipv4.tcp_tso_rtt_log", 0)
     yield
     harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
+
+
+DEFAULT_TSO_RTT_LOG = 9
+
+
+@pytest.fixture(scope="module")
+def default_tso(test_namespace):
+    """net.ipv4.tcp_tso_rtt_log at the kernel's default (9) while a module
+    runs, whatever an earlier module left; restored after. The
+    test_shaper_*.py modules use it with pytestmark =
+    pytest.mark.usefixtures(...), as users have the default."""
+    assert not harness.namespace_problems()  # never touch the host's netns
+    old = harness.sysctl("net.ipv4.tcp_tso_rtt_log", DEFAULT_TSO_RTT_LOG)
+    yield
+    harness.sysctl("net.ipv4.tcp_tso_rtt_log", old)
+
+
+@pytest.fixture(scope="module")
+def fleet_servers(test_namespace, webroot):
+    """Redis and the two nginx hosts of the issue 13 tests
+    (cluster_fleet.Fleet), shared by a module's tests, stopped by pid after
+    them."""
+    for path in (harness.library_path(), harness.cli_path()):
+        if not path.is_file():
+            pytest.fail("%s is missing: build first or set TRAFFICRATE_BUILD_DIR"
+                        % path, pytrace=False)
+    workdir = harness.make_workdir()
+    redis = redis_server.RedisServer(workdir)
+    fleet = cluster_fleet.Fleet(workdir, webroot, redis)
+    try:
+        redis.start()
+        fleet.start()
+        yield fleet
+    finally:
+        fleet.stop()
+        redis.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def fleet(fleet_servers):
+    """The module's fleet, made whole again (see Fleet.ensure)."""
+    fleet_servers.ensure()
+    return fleet_servers
 
 
 @pytest.fixture(scope="session")

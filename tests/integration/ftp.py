@@ -21,10 +21,11 @@ import re
 import socket
 import time
 
-from clients import Download, _connect
 from bodies import Body
+from clients import Download
+from http_client import _connect
 from netns_env import SERVER_HOST, free_port
-from servers import Server
+from server_base import Server
 
 VSFTPD = "/usr/sbin/vsftpd"
 PASV_PORTS = 16

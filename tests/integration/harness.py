@@ -18,17 +18,21 @@ the code lives in sibling modules and is re-exported here:
     children(), descendants(), kill_pid().
   * servers.py: NginxServer (real Debian nginx, master + N workers, daemon
     off, so we own the master's pid), PythonServer (pyserver.py, thread or
-    fork mode), ApacheServer (apache2, prefork or event MPM),
-    LighttpdServer, NodeServer (a Node.js cluster), ServerFactory; all stopped by pid, with every descendant,
-    and bounded waits.
+    fork mode), ServerFactory; supervised_servers.py: ApacheServer (apache2,
+    prefork or event MPM), LighttpdServer, NodeServer (a Node.js cluster);
+    server_base.py: Server, PidProcess. All stopped by pid, with every
+    descendant, and bounded waits.
   * clients.py: Download (one HTTP GET from a chosen source address, e.g.
     127.0.0.2, recording cumulative body bytes against time.monotonic()),
     DownloadSet / run_downloads() to run many in parallel, KeepaliveDownload
     (many GETs on one keep-alive connection), PausingDownload (stops reading
-    for a while), Measurement for rates over a window, open_keepalive() for
-    idle keep-alive connections;
-    socket_owners() (which pid holds which TCP connection, via ss) and
-    ports_by_worker().
+    for a while).
+  * http_client.py: http_get() (one small complete GET), open_keepalive()
+    and keepalive_get() for idle keep-alive connections.
+  * measurement.py: Measurement for rates over a window, bucket_rates(),
+    within(); the PauseWatch (pauses_in(), on_time(), require_on_time()).
+  * who_serves.py: socket_owners() (which pid holds which TCP connection,
+    via ss) and ports_by_worker().
   * budget_clients.py: the shared-budget scenarios' clients (PacedDownload,
     a slow reader; RangeFetches; KeepaliveRequests).
   * bodies.py: every client hands each response body to a Body, which
@@ -55,16 +59,14 @@ from bodies import problems as body_problems
 from cli_tools import (key_stat, placed_ports, run_cli, shaper_counts,
                        stat_json, wait_key_count)
 from budget_clients import PacedDownload
-from clients import (PROBE_PORT_FIRST, PROBE_PORT_LAST, Download, DownloadSet,
-                     KeepaliveDownload, Measurement, PausingDownload,
-                     bucket_rates, bucket_text, established, http_get,
-                     keepalive_get, on_time, open_keepalive, paused_seconds,
-                     pauses_in,
-                     ports_by_worker, probe_owner, require_on_time,
-                     run_downloads, socket_owners, within)
-# A private name, but tests connect from chosen source ports with it.
-from clients import _connect
+from clients import (Download, DownloadSet, KeepaliveDownload, PausingDownload,
+                     run_downloads)
 from demo import main
+from http_client import http_get, keepalive_get, open_keepalive
+# A private name, but tests connect from chosen source ports with it.
+from http_client import _connect
+from measurement import (Measurement, bucket_rates, bucket_text, on_time,
+                         paused_seconds, pauses_in, require_on_time, within)
 from netns_env import (BIG_CONTENT, BIG_FILE, BIG_FILE_SIZE, MEDIUM_CONTENT,
                        MEDIUM_FILE, MEDIUM_FILE_SIZE, NGINX, PYSERVER, PYTHON,
                        REPO_ROOT, RUN_HINT, SERVER_HOST, SMALL_CONTENT,
@@ -76,8 +78,11 @@ from netns_env import (BIG_CONTENT, BIG_FILE, BIG_FILE_SIZE, MEDIUM_CONTENT,
                        set_interface_mtu, sysctl, unique_zone, zone_path)
 from procs import (children, descendants, kill_pid, pid_alive, proc_cmdline,
                    proc_starttime, wait_for)
-from servers import (ApacheServer, LighttpdServer, NginxServer, NodeServer,
-                     PidProcess, PythonServer, Server, ServerFactory)
+from server_base import PidProcess, Server
+from servers import NginxServer, PythonServer, ServerFactory
+from supervised_servers import ApacheServer, LighttpdServer, NodeServer
+from who_serves import (PROBE_PORT_FIRST, PROBE_PORT_LAST, established,
+                        ports_by_worker, probe_owner, socket_owners)
 
 
 def _interrupt_on_sigterm(signum, frame):

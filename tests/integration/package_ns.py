@@ -37,7 +37,8 @@ import bodies  # noqa: E402
 from clients import run_downloads  # noqa: E402
 from netns_env import BIG_FILE, make_webroot  # noqa: E402
 from procs import children, wait_for  # noqa: E402
-from servers import NginxServer, PidProcess, Server  # noqa: E402
+from server_base import PidProcess, Server  # noqa: E402
+from servers import NginxServer  # noqa: E402
 
 UNIT = Path("/lib/systemd/system/nginx.service")
 DROPIN_DIR = Path("/etc/systemd/system/nginx.service.d")

@@ -1,4 +1,4 @@
-"""A Redis server for the trafficrate integration tests (test_cluster.py,
+"""A Redis server for the trafficrate integration tests (test_cluster_*.py,
 issue 13: one client's rate shared across hosts through Redis).
 
   * RedisServer: Debian's /usr/bin/redis-server (package redis-server) in

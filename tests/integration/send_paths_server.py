@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """An HTTP file server that sends each response body through the system call
-its URL names and checks every value that call returns (for test_shaper.py:
-the packet shaper of issue 33 must hand the host exactly what the kernel
-would have, whatever way the host sends).
+its URL names and checks every value that call returns (for
+test_shaper_bytes.py: the packet shaper of issue 33 must hand the host
+exactly what the kernel would have, whatever way the host sends).
 
     send_paths_server.py --port P --dir DIR [--bind 127.0.0.1] [--sndbuf BYTES]
 

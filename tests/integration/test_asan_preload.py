@@ -33,7 +33,7 @@ the whole gap of a packet: without it the same runs measured 0.88-0.90x the
 rate with the plain library and 0.84-0.92x with the ASan one; with it,
 0.98-0.99x. (Under TRAFFICRATE_SHARE=budget the forking case measured
 0.91-0.99x, the plain library as low as the ASan one: too close to the
-tolerance to be checked here; test_budget.py covers that mode.)
+tolerance to be checked here; test_budget_*.py cover that mode.)
 
 ASAN_OPTIONS has detect_leaks=0 (CPython does not free everything at exit by
 design) and abort_on_error=0, so a report ends the server with exit code 1

@@ -29,7 +29,7 @@ import time
 import pytest
 
 import harness
-from servers import Server
+from server_base import Server
 
 RATE = "500k"
 TARGET = 512000

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from clients import within
+from measurement import within
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

@@ -19,7 +19,7 @@ import threading
 import time
 
 import harness
-from servers import Server
+from server_base import Server
 
 RATE = "500k"
 TARGET = 512000
