@@ -6,9 +6,12 @@ Standard library only (Debian's /usr/bin/python3).
 """
 
 import statistics
-import time
 
 from benchlib import harness
+
+# One home for each, tests/integration/measurement.py.
+jain = harness.jain
+sleep_until = harness.sleep_until
 
 
 def total_rate(conns, t0, t1):
@@ -18,13 +21,6 @@ def total_rate(conns, t0, t1):
 def windows(conns, t0, t1, step=1.0):
     """Summed B/s of conns in consecutive windows [t0 + i, t0 + i + 1)."""
     return [total for _, _, total, _ in harness.bucket_rates(conns, t0, t1, step)]
-
-
-def jain(values):
-    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 = all equal."""
-    values = list(values)
-    sq = sum(v * v for v in values)
-    return (sum(values) ** 2) / (len(values) * sq) if sq else 0.0
 
 
 def spread(values):
@@ -46,7 +42,3 @@ def percentile(values, p):
     i = int(k)
     j = min(i + 1, len(values) - 1)
     return values[i] + (values[j] - values[i]) * (k - i)
-
-
-def sleep_until(t):
-    time.sleep(max(0.0, t - time.monotonic()))

@@ -38,10 +38,6 @@ def key_entry(zone, key=CLIENT):
     return entry, [c for c in doc["connections"] if c["key"] == key], doc
 
 
-def sleep_until(t):
-    time.sleep(max(0.0, t - time.monotonic()))
-
-
 def share_env(lib_env, share, rate=RATE, **kw):
     return lib_env(rate, SHARE=share, **kw)
 
@@ -54,13 +50,12 @@ def stop_all(*things):
         t.join(max(0.0, deadline - time.monotonic()))
 
 
+sleep_until = harness.sleep_until
+
+
 def window_of(dset):
-    """Waits until dset's downloads started; returns the measuring window
-    (t0, t1): from WARMUP_S after the start, WINDOW_S long."""
-    started = dset.wait_started(10.0)
-    assert started, dset.errors()
-    return started + WARMUP_S, started + WARMUP_S + WINDOW_S
+    return harness.window_of(dset, WARMUP_S, WINDOW_S)
 
 
 def ratio_text(rate, target=TARGET):
-    return "%.0f B/s = %.4f x target" % (rate, rate / target)
+    return harness.ratio_text(rate, target)

@@ -33,6 +33,7 @@ import socket
 import time
 
 import harness
+from harness import sleep_until  # noqa: F401 (for the cluster tests)
 
 RATE = "500k"
 TARGET = 512000  # B/s per client IP, for the whole fleet
@@ -213,10 +214,6 @@ class Traffic:
 
 def total(measurement):
     return sum(r for _, r in measurement.per_download)
-
-
-def sleep_until(t):
-    time.sleep(max(0.0, t - time.monotonic()))
 
 
 # ----------------------------------------------------------------------- stat

@@ -65,8 +65,9 @@ from demo import main
 from http_client import http_get, keepalive_get, open_keepalive
 # A private name, but tests connect from chosen source ports with it.
 from http_client import _connect
-from measurement import (Measurement, bucket_rates, bucket_text, on_time,
-                         paused_seconds, pauses_in, require_on_time, within)
+from measurement import (Measurement, bucket_rates, bucket_text, jain, on_time,
+                         paused_seconds, pauses_in, ratio_text,
+                         require_on_time, sleep_until, window_of, within)
 from netns_env import (BIG_CONTENT, BIG_FILE, BIG_FILE_SIZE, MEDIUM_CONTENT,
                        MEDIUM_FILE, MEDIUM_FILE_SIZE, NGINX, PYSERVER, PYTHON,
                        REPO_ROOT, RUN_HINT, SERVER_HOST, SMALL_CONTENT,

@@ -2,6 +2,9 @@
 
   * Measurement (rates over a window), bucket_rates() (per-second rates) and
     within() to compare a rate with its target;
+  * sleep_until(), window_of() (the measuring window of a DownloadSet),
+    ratio_text() and jain() (the fairness index), shared by the rate tests
+    and the benchmarks;
   * pauses_in() says where this client process itself stood still
     (PauseWatch), so that a second whose bytes it read late is not judged as
     the server's; on_time(), paused_seconds() and require_on_time() apply
@@ -159,3 +162,27 @@ def require_on_time(count, on_time_count, report, what="seconds"):
 def within(value, target, tolerance):
     """|value / target - 1| <= tolerance."""
     return abs(value / target - 1.0) <= tolerance
+
+
+def sleep_until(t):
+    time.sleep(max(0.0, t - time.monotonic()))
+
+
+def window_of(dset, warmup_s=2.0, window_s=8.0):
+    """Waits until dset's downloads started; returns the measuring window
+    (t0, t1): from warmup_s after the start, window_s long."""
+    started = dset.wait_started(10.0)
+    assert started, dset.errors()
+    return started + warmup_s, started + warmup_s + window_s
+
+
+def ratio_text(rate, target):
+    return "%.0f B/s = %.4f x target" % (rate, rate / target)
+
+
+def jain(values):
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all equal, 1/n
+    when one has all."""
+    values = list(values)
+    squares = sum(v * v for v in values)
+    return sum(values) ** 2 / (len(values) * squares) if squares else 0.0

@@ -19,7 +19,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 
 from procs import kill_pid, wait_for
 

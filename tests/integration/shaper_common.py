@@ -23,6 +23,7 @@ import time
 import pytest
 
 import harness
+from harness import ratio_text, sleep_until  # noqa: F401 (for the shaper tests)
 
 
 def need_library():
@@ -92,10 +93,6 @@ def shaped(counts, min_pieces=100):
     return counts["shaped_calls"] > 0 and counts["shaped_pieces"] >= min_pieces
 
 
-def sleep_until(t):
-    time.sleep(max(0.0, t - time.monotonic()))
-
-
 def mean(values):
     values = list(values)
     return sum(values) / len(values) if values else 0.0
@@ -109,7 +106,3 @@ def on_time_rate(rows):
 
 def enough_on_time(rows, report):
     harness.require_on_time(len(rows), len(harness.on_time(rows)), report)
-
-
-def ratio_text(rate, target):
-    return "%.0f B/s = %.4f x target" % (rate, rate / target)

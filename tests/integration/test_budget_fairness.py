@@ -33,6 +33,7 @@ import time
 import pytest
 
 import harness
+from harness import jain
 # The shared-budget clients (harness re-exports only PacedDownload).
 from budget_clients import PacedDownload, RangeFetches
 from budget_common import (CLIENT, SHARE_VALUES, TARGET, WARMUP_S, WINDOW_S,
@@ -42,13 +43,6 @@ from budget_common import (CLIENT, SHARE_VALUES, TARGET, WARMUP_S, WINDOW_S,
 SLOW_READ_RATE = 20 * 1024  # B/s, the slow reader
 
 pytestmark = pytest.mark.usefixtures("small_gso_packets")
-
-
-def jain(values):
-    """Jain's fairness index: 1 when all equal, 1/n when one has all."""
-    values = list(values)
-    squares = sum(v * v for v in values)
-    return sum(values) ** 2 / (len(values) * squares) if squares else 0.0
 
 
 def run_window(dset, zone):

@@ -33,6 +33,7 @@ import time
 import pytest
 
 import harness
+from harness import sleep_until
 
 RATE = "500k"
 TARGET = 512000  # B/s per client IP
@@ -103,10 +104,6 @@ def on_library(pid):
             return "libtrafficrate.so" in f.read()
     except OSError:
         return False
-
-
-def sleep_until(t):
-    time.sleep(max(0.0, t - time.monotonic()))
 
 
 # ---------------------------------------------------------------------- tests

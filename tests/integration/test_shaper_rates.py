@@ -148,12 +148,6 @@ def clients_slow(s):
     return [dset]
 
 
-def window_of(dset):
-    started = dset.wait_started(10.0)
-    assert started, dset.errors()
-    return started + WARMUP_S, started + WARMUP_S + WINDOW_S
-
-
 def finish_many(s):
     dset = s["dset"]
     base = dset.start_at
@@ -258,7 +252,7 @@ def rates(test_namespace, webroot):
             threads += clients_slow(scenarios[name])
         run.started(*threads)
         for s in scenarios.values():
-            s["window"] = window_of(s["dset"])
+            s["window"] = harness.window_of(s["dset"], WARMUP_S, WINDOW_S)
         t_end = max(s["window"][1] for s in scenarios.values())
         sleep_until(min(s["window"][0] for s in scenarios.values()))
         for name, _, _ in SLOW_CASES:
