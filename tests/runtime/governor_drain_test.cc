@@ -1,5 +1,5 @@
 // The Governor on real TCP sockets over loopback and a real zone, without
-// LD_PRELOAD (the test plays the interposers, see governor_test.cc).
+// LD_PRELOAD (the test plays the interposers, see governor_accept_test.cc).
 //
 // This file: budget mode's connections closed with data still queued. The
 // Governor keeps such a socket open through a private duplicate until the

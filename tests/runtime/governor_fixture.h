@@ -1,5 +1,6 @@
-// The fixture of the Governor tests (tests/runtime/): a zone, an fd table
-// and a listener on 127.0.0.1; the test plays the interposers.
+// The fixture of the Governor tests (tests/runtime/governor_*_test.cc,
+// zone_garbage_test.cc): a zone, an fd table and a listener on 127.0.0.1;
+// the test plays the interposers.
 
 #ifndef TRAFFICRATE_TESTS_RUNTIME_GOVERNOR_FIXTURE_H_
 #define TRAFFICRATE_TESTS_RUNTIME_GOVERNOR_FIXTURE_H_
@@ -22,6 +23,7 @@
 #include "src/base/clock.h"
 #include "src/base/log.h"
 #include "src/config/config.h"
+#include "src/config/rules.h"
 #include "src/runtime/fd_table.h"
 #include "src/runtime/governor.h"
 #include "src/shm/zone.h"
@@ -32,7 +34,7 @@
 namespace trafficrate {
 namespace testing_util {
 
-// --- The Governor tests (governor_test.cc, governor_fork_test.cc).
+// --- The Governor tests.
 
 inline constexpr int64_t kLongIdleNs = 3600 * kNsPerSec;
 inline constexpr int kTableSize = 4096;
@@ -72,9 +74,44 @@ struct Conn {
   int server = -1;
 };
 
+// A client connection to `listener` (any 127.x address `from`), accepted
+// with plain ::accept4 and told to no Governor. {-1, -1} on failure.
+inline Conn AcceptUntold(int listener, const char* from) {
+  sockaddr_in server{};
+  socklen_t len = sizeof(server);
+  if (getsockname(listener, reinterpret_cast<sockaddr*>(&server), &len) != 0) {
+    return Conn{};
+  }
+  Conn conn;
+  conn.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local = Inet(from, 0);
+  if (conn.client < 0 ||
+      bind(conn.client, reinterpret_cast<sockaddr*>(&local), sizeof(local)) !=
+          0 ||
+      connect(conn.client, reinterpret_cast<sockaddr*>(&server),
+              sizeof(server)) != 0) {
+    if (conn.client >= 0) close(conn.client);
+    return Conn{};
+  }
+  conn.server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  return conn;
+}
+
+// Options with TRAFFICRATE_PORTS (`ports`) and TRAFFICRATE_EXEMPT
+// (`exempt`, as the variable spells it), and a long idle time.
+inline GovernorOptions RuleOptions(const std::vector<PortRange>& ports,
+                                   const char* exempt = nullptr) {
+  GovernorOptions options;
+  options.idle_ns = kLongIdleNs;
+  std::vector<Cidr> cidrs;
+  if (exempt != nullptr) cidrs = ParseExempt(exempt).value();
+  options.rules = AcceptRules::Make(ports, cidrs).value();
+  return options;
+}
+
 // Fixture of the Governor tests: a zone, an fd table and a listener on
 // 127.0.0.1; StartGovernor() makes the Governor. The test plays the
-// interposers (see governor_test.cc).
+// interposers.
 class GovernorFixture : public ZoneNameFixture {
  protected:
   void SetUp() override {

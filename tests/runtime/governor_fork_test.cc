@@ -8,8 +8,8 @@
 // vfork child leaves its parent's connections alone, a process about to
 // lose the right to start threads starts its watcher first, a stopped
 // watcher looks dead and its connections are reaped, and threads send while
-// another closes and re-accepts. The single-process tests are in
-// governor_test.cc; the fixture is in test_util.h.
+// another closes and re-accepts. The single-process tests are in the other
+// governor_*_test.cc; the fixture is in governor_fixture.h.
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -47,9 +47,9 @@ using testing_util::ReadByte;
 using testing_util::WaitChild;
 using testing_util::WriteByte;
 
-using GovernorTest = testing_util::GovernorFixture;
+using GovernorForkTest = testing_util::GovernorFixture;
 
-TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
+TEST_F(GovernorForkTest, ForkedChildThatSendsTakesOwnership) {
   if (kUnderTsan) {
     GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a "
                     "child forked from a multithreaded process (the child's "
@@ -115,7 +115,7 @@ pid_t RawClone() {
 // The child's first interposed call finds the process token wiped (the test
 // plays lib/interpose.cc's ActiveGovernor) and sets the process up as the
 // atfork handler would: its own watcher, its own slot, under its own pid.
-TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
+TEST_F(GovernorForkTest, RawCloneChildIsRecognisedAndTakesOwnership) {
   if (kUnderTsan) {
     GTEST_SKIP() << "ThreadSanitizer does not support threads started in a "
                     "child of a multithreaded process";
@@ -174,7 +174,8 @@ TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
 // the thread (glibc's fork registers it again). A child of a thread that
 // never took the zone lock would then find the lock's links "damaged" at its
 // first unlock and mark the zone corrupt for every process.
-TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
+TEST_F(GovernorForkTest,
+       RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
   if (kUnderTsan) {
     GTEST_SKIP() << "ThreadSanitizer does not support a raw clone of a "
                     "multithreaded process";
@@ -211,7 +212,7 @@ TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
 // the interposers run there, on the parent's memory (its fd table, its
 // local references), but on the child's own fds. They must leave the
 // parent's connections alone.
-TEST_F(GovernorTest, VforkChildLeavesTheParentsConnectionsAlone) {
+TEST_F(GovernorForkTest, VforkChildLeavesTheParentsConnectionsAlone) {
   StartGovernor();
   const Conn a = Open();
   const Conn b = Open("127.0.0.2");
@@ -253,7 +254,7 @@ TEST_F(GovernorTest, VforkChildLeavesTheParentsConnectionsAlone) {
 // control connection they inherited and receive their data connections.
 // A process holding governed connections starts its watcher before the
 // limit; one without any does not take a slot.
-TEST_F(GovernorTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
+TEST_F(GovernorForkTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
   if (kUnderTsan) {
     GTEST_SKIP() << "ThreadSanitizer does not support threads started in a "
                     "child of a multithreaded process";
@@ -287,7 +288,7 @@ TEST_F(GovernorTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
   EXPECT_EQ(ConnsUsed(), 1u) << "the children left the parent's alone";
 }
 
-TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
+TEST_F(GovernorForkTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
   StartGovernor();
   const Conn sending = Open();
   const Conn quiet = Open("127.0.0.2");
@@ -328,7 +329,7 @@ TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
 // Host threads send on governed sockets while another thread closes them and
 // accepts new connections that get the same fd numbers. The senders may see
 // an fd number at any point of its close and reuse.
-TEST_F(GovernorTest,
+TEST_F(GovernorForkTest,
        ThreadsSendingWhileAnotherClosesAndReacceptsStayConsistent) {
   StartGovernor();
   constexpr int kSockets = 4;
@@ -439,7 +440,8 @@ TEST_F(GovernorTest,
 // there) and another closes the duplicates, as the interposers would. When
 // all duplicates are gone, every socket is registered once and the counts
 // match.
-TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
+TEST_F(GovernorForkTest,
+       ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
   StartGovernor();
   constexpr int kSockets = 4;
   constexpr int kSpares = 4;

@@ -2,7 +2,8 @@
 // first matching rule decides at accept, its key carries its zone rule, each
 // rule paces at its own rate, unlimited rules and exempt clients are left
 // alone, and `trafficrate reload` (the zone's rules_generation) makes the
-// watcher read the file again. Real loopback sockets, as in governor_test.cc.
+// watcher read the file again. Real loopback sockets, as in the other
+// governor_*_test.cc.
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // Issue 8's rule: no value in the zone can make the library touch memory
 // outside the mapping, loop without bound or run into undefined behaviour.
-// The Governor runs on real sockets (as in governor_test.cc) while the
+// The Governor runs on real sockets (as in governor_accept_test.cc) while the
 // zone's key and connection tables are overwritten with random bytes, and
 // every path that reads them runs: sends, the watcher's duties, accepts,
 // closes, a snapshot; and again with each header field (but the lock) at
