@@ -55,7 +55,7 @@ if ((!quick)); then
               conn_table handoff_table proc_table zone_settings zone_repair
               fd_table governor_accept governor_share governor_idle
               governor_fd governor_budget governor_after governor_inherited
-              governor_pass governor_lock snapshot
+              governor_live governor_pass governor_lock governor_fork snapshot
               cluster_agent bypass_watch)
   tsan_suites=(ZoneTest ZoneLayoutTest ZoneLockTest ZoneSegmentTest
                RobustMutexTest ChangeWordTest KeyTableTest ConnTableTest
@@ -63,8 +63,8 @@ if ((!quick)); then
                FdTableTest GovernorAcceptTest GovernorShareTest
                GovernorIdleTest GovernorRestTest GovernorFdTest
                GovernorBudgetTest GovernorAfterTest GovernorInheritedTest
-               GovernorPassTest GovernorLockTest
-               SnapshotTest ClusterAgentTest BypassWatchTest)
+               GovernorLiveTest GovernorPassTest GovernorLockTest
+               GovernorForkTest SnapshotTest ClusterAgentTest BypassWatchTest)
   cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_SANITIZE=thread \
     "${sanitizer_flags[@]}" >/dev/null

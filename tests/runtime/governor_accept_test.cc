@@ -1,7 +1,9 @@
 // The Governor on real TCP sockets over loopback and a real zone, without
 // LD_PRELOAD: the test plays the interposers, calling OnAccept after
 // ::accept, BeforeSend/AfterSend around ::send and OnClose before ::close,
-// and reads back the pacing with getsockopt(SO_MAX_PACING_RATE).
+// and reads back the pacing with getsockopt(SO_MAX_PACING_RATE). The
+// Governor is driven (governor_fixture.h): a clock of the test's, no
+// watcher thread.
 //
 // This file: what an accept registers (and what it leaves alone), a full
 // zone, and the accept rules (TRAFFICRATE_PORTS, TRAFFICRATE_EXEMPT). Shares
@@ -19,7 +21,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "src/base/clock.h"
 #include "src/config/rules.h"
 #include "src/runtime/governor.h"
 #include "src/shm/zone.h"

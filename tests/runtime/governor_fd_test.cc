@@ -1,5 +1,6 @@
 // The Governor on real TCP sockets over loopback and a real zone, without
-// LD_PRELOAD (the test plays the interposers, see governor_accept_test.cc).
+// LD_PRELOAD (the test plays the interposers; the Governor is driven, see
+// governor_fixture.h).
 //
 // This file: fd numbers. A dup'ed fd is one connection until its last fd
 // closes; a number reused by a new connection carries the new one, also
@@ -12,7 +13,6 @@
 #include <cstdint>
 
 #include "gtest/gtest.h"
-#include "src/base/clock.h"
 #include "src/runtime/governor.h"
 #include "src/shm/zone.h"
 #include "tests/runtime/governor_fixture.h"

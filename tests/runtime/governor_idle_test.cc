@@ -1,13 +1,15 @@
 // The Governor on real TCP sockets over loopback and a real zone, without
-// LD_PRELOAD (the test plays the interposers, see governor_accept_test.cc).
+// LD_PRELOAD (the test plays the interposers; the Governor is driven, see
+// governor_fixture.h).
 //
 // This file: idle expiry in equal mode. A connection that sent nothing for
 // TRAFFICRATE_IDLE and has nothing queued leaves its key at the watcher's
-// idle pass (ExpireIdle), and joins again at its next send; a stalled
-// watcher, a queue still leaving and a send through a dup put expiry off; a
-// connection written by a process that cannot reach the zone joins again
-// at the watcher's look at its rest. Budget mode's expiry (in the tick) is
-// in governor_budget_test.cc.
+// idle pass (ExpireIdle, which the test calls at the times it means), and
+// joins again at its next send; a stalled watcher, a queue still leaving
+// and a send through a dup put expiry off; a connection written by a
+// process that cannot reach the zone joins again at the watcher's look at
+// its rest. Budget mode's expiry (in the tick) is in
+// governor_budget_test.cc; the live watcher's in governor_live_test.cc.
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,8 +19,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "src/base/clock.h"
 #include "src/runtime/governor.h"
+#include "src/runtime/watcher_loop.h"
 #include "src/shm/zone.h"
 #include "tests/runtime/governor_fixture.h"
 
@@ -31,8 +33,37 @@ using testing_util::kRate;
 using testing_util::Outq;
 using testing_util::Pacing;
 using testing_util::PollUntil;
+using testing_util::QueueEmpties;
 
-using GovernorIdleTest = testing_util::GovernorFixture;
+class GovernorIdleTest : public testing_util::GovernorFixture {
+ protected:
+  // Shrinks fd's send buffer and sends until it is full (its client reads
+  // nothing: its window fills too), as the send interposer does.
+  void FillQueue(int fd) {
+    const int sndbuf = 16384;
+    ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)),
+              0);
+    gov_->BeforeSend(fd);
+    std::vector<char> data(4096, 'q');
+    for (int i = 0; i < 10'000; ++i) {
+      const ssize_t n =
+          ::send(fd, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0) break;
+      gov_->AfterSend(fd, n);
+    }
+  }
+};
+
+// The client reads whatever arrives until the server's send queue is empty
+// (bounded: a wait for the kernel).
+bool ClientReadsAll(const Conn& conn) {
+  return PollUntil([&] {
+    char buf[65536];
+    while (recv(conn.client, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+    }
+    return Outq(conn.server) == 0;
+  });
+}
 
 TEST_F(GovernorIdleTest, IdleConnectionLeavesAndRejoinsOnItsNextSend) {
   StartGovernor();
@@ -40,11 +71,11 @@ TEST_F(GovernorIdleTest, IdleConnectionLeavesAndRejoinsOnItsNextSend) {
   const Conn c2 = Open();
   ASSERT_GE(c2.server, 0);
   gov_->BeforeSend(c1.server);
-  // Send stamps are a kernel tick's (CoarseMonotonicNowNs): c2's must come
-  // after c1's.
-  testing_util::WaitForCoarseTick(gov_->LastSendNs(c1.server));
+  // c2's send stamp must come after c1's.
+  Advance(kNsPerMs);
   gov_->BeforeSend(c2.server);
-  ASSERT_TRUE(PacingBecomes(c1.server, kRate / 2));
+  gov_->ApplyChangedShares();
+  ASSERT_EQ(Pacing(c1.server), kRate / 2);
   // Only c1 has been idle for idle_ns at this instant (nothing queued).
   const int64_t last1 = gov_->LastSendNs(c1.server);
   const int64_t last2 = gov_->LastSendNs(c2.server);
@@ -55,13 +86,15 @@ TEST_F(GovernorIdleTest, IdleConnectionLeavesAndRejoinsOnItsNextSend) {
   EXPECT_EQ(ConnOf(c2.server).active.load(), 1u);
   EXPECT_EQ(Active(c1.server), 1u);
   EXPECT_EQ(Refs(c1.server), 2u) << "still registered";
-  EXPECT_TRUE(PacingBecomes(c2.server, kRate)) << "the sender gets it all";
+  gov_->ApplyChangedShares();
+  EXPECT_EQ(Pacing(c2.server), kRate) << "the sender gets it all";
   // The next send rejoins.
   gov_->BeforeSend(c1.server);
   EXPECT_EQ(ConnOf(c1.server).active.load(), 1u);
   EXPECT_EQ(Active(c1.server), 2u);
   EXPECT_EQ(Pacing(c1.server), kRate / 2);
-  EXPECT_TRUE(PacingBecomes(c2.server, kRate / 2));
+  gov_->ApplyChangedShares();
+  EXPECT_EQ(Pacing(c2.server), kRate / 2);
 }
 
 TEST_F(GovernorIdleTest, TimeItsProcessDidNotRunDoesNotMakeAConnectionIdle) {
@@ -114,16 +147,22 @@ TEST_F(GovernorIdleTest, AShorterStallGivesAConnectionAsLongAgain) {
 }
 
 TEST_F(GovernorIdleTest, WatcherExpiresAnIdleConnection) {
-  StartGovernor(/*idle_ns=*/50 * kNsPerMs);
+  constexpr int64_t kIdleNs = 50 * kNsPerMs;
+  StartGovernor(kIdleNs);
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
   ASSERT_EQ(Send(c.server, 100), 100);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u);
   const uint32_t key = KeyIndex(c.server);
   // The client reads nothing, but 100 bytes fit its window: once they are
-  // acknowledged the queue is empty and the watcher expires the connection.
-  EXPECT_TRUE(
-      PollUntil([&] { return zone_->keys().slot(key).active.load() == 0; }));
+  // acknowledged the queue is empty, and the idle pass after the idle time
+  // expires the connection.
+  ASSERT_TRUE(QueueEmpties(c.server));
+  const int64_t last = gov_->LastSendNs(c.server);
+  gov_->ExpireIdle(last + kIdleNs - 1);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 1u) << "expired early";
+  gov_->ExpireIdle(last + kIdleNs);
+  EXPECT_EQ(zone_->keys().slot(key).active.load(), 0u);
   EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
   EXPECT_EQ(Refs(c.server), 1u);
   gov_->BeforeSend(c.server);
@@ -138,8 +177,23 @@ TEST_F(GovernorIdleTest, WatcherExpiresAnIdleConnection) {
 // back to half the rate. One at rest with nothing written stays out.
 class GovernorRestTest : public testing_util::GovernorFixture {
  protected:
+  static constexpr int64_t kIdleNs = 200 * kNsPerMs;
+
+  // The watcher's duty that looks at connections at rest, then the clock
+  // moves on to its next run: the idle pass in equal mode (a quarter of the
+  // idle time apart), the budget tick in budget mode (whose visits look at
+  // them; the idle pass does nothing there).
+  void LookAtRest(ShareMode share) {
+    if (share == ShareMode::kEqual) {
+      gov_->ExpireIdle(Now());
+      Advance(WatcherLoop::IdleTickNs(kIdleNs));
+    } else {
+      clock_.SetNs(std::max(Now(), gov_->TickBudget(Now())));
+    }
+  }
+
   void WrittenElsewhereRejoins(ShareMode share) {
-    StartGovernor(/*idle_ns=*/200 * kNsPerMs);
+    StartGovernor(kIdleNs);
     zone_->settings().SetShare(share, 0);
     const Conn quiet = Open();
     const Conn cgi = Open();
@@ -148,26 +202,33 @@ class GovernorRestTest : public testing_util::GovernorFixture {
     ASSERT_EQ(Send(quiet.server), 100);
     ASSERT_EQ(Send(cgi.server), 100);
     const uint32_t key = KeyIndex(cgi.server);
-    ASSERT_TRUE(
-        PollUntil([&] { return zone_->keys().slot(key).active.load() == 0; }));
+    // Both rest: their bytes acknowledged, the idle time passed.
+    ASSERT_TRUE(QueueEmpties(quiet.server));
+    ASSERT_TRUE(QueueEmpties(cgi.server));
+    Advance(kIdleNs);
+    LookAtRest(share);
+    ASSERT_EQ(zone_->keys().slot(key).active.load(), 0u);
     // The sibling sends on, through the library; the other two rest.
     ASSERT_EQ(Send(sibling.server), 100);
     ASSERT_EQ(ConnOf(cgi.server).active.load(), 0u);
     if (share == ShareMode::kEqual) {
-      ASSERT_TRUE(PacingBecomes(sibling.server, kRate));
+      ASSERT_EQ(Pacing(sibling.server), kRate);
     }
-    // Written behind the library's back, a little at a time.
+    // Written behind the library's back, a little at a time, for at most
+    // 2 s of the watcher's looks.
     const std::vector<char> data(1000, 'c');
-    const auto rejoined = [&] {
+    const int64_t give_up = Now() + 2 * kNsPerSec;
+    while (ConnOf(cgi.server).active.load() == 0 && Now() < give_up) {
       ::send(cgi.server, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       Send(sibling.server);
-      return ConnOf(cgi.server).active.load() == 1;
-    };
-    ASSERT_TRUE(PollUntil(rejoined, 2 * kNsPerSec));
+      LookAtRest(share);
+    }
+    ASSERT_EQ(ConnOf(cgi.server).active.load(), 1u);
     EXPECT_EQ(zone_->keys().slot(key).active.load(), 2u);
     if (share == ShareMode::kEqual) {
       EXPECT_EQ(Pacing(cgi.server), kRate / 2);
-      EXPECT_TRUE(PacingBecomes(sibling.server, kRate / 2));
+      gov_->ApplyChangedShares();
+      EXPECT_EQ(Pacing(sibling.server), kRate / 2);
     }
     EXPECT_EQ(ConnOf(quiet.server).active.load(), 0u) << "nothing written";
   }
@@ -185,33 +246,17 @@ TEST_F(GovernorIdleTest, ConnectionWithUnsentDataIsNotExpired) {
   StartGovernor();
   const Conn c = Open("127.0.0.1", /*client_rcvbuf=*/4096);
   ASSERT_GE(c.server, 0);
-  const int sndbuf = 16384;
-  ASSERT_EQ(
-      setsockopt(c.server, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)), 0);
   // The client does not read: fill its window and our send buffer.
-  gov_->BeforeSend(c.server);
-  std::vector<char> data(4096, 'q');
-  for (int i = 0; i < 10'000; ++i) {
-    const ssize_t n =
-        ::send(c.server, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0) break;
-    gov_->AfterSend(c.server, n);
-  }
+  FillQueue(c.server);
   ASSERT_GT(Outq(c.server), 0);
-  gov_->ExpireIdle(MonotonicNowNs() + 2 * kLongIdleNs);
+  gov_->ExpireIdle(Now() + 2 * kLongIdleNs);
   EXPECT_EQ(ConnOf(c.server).active.load(), 1u) << "expired with data queued";
   EXPECT_EQ(Active(c.server), 1u);
   // Once the client has read everything, the same check expires it.
-  const bool drained = PollUntil([&] {
-    char buf[65536];
-    while (recv(c.client, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
-    }
-    return Outq(c.server) == 0;
-  });
-  ASSERT_TRUE(drained);
+  ASSERT_TRUE(ClientReadsAll(c));
   // Not at once: a connection found with data queued is not looked at again
   // before that data could have left at its pace, at most 8 s later.
-  gov_->ExpireIdle(MonotonicNowNs() + 2 * kLongIdleNs + kNsPerSec);
+  gov_->ExpireIdle(Now() + 2 * kLongIdleNs + kNsPerSec);
   EXPECT_EQ(ConnOf(c.server).active.load(), 0u);
   EXPECT_EQ(Active(c.server), 0u);
 }
@@ -226,42 +271,25 @@ TEST_F(GovernorIdleTest,
   ASSERT_GE(a.server, 0);
   ASSERT_GE(b.server, 0);
   // Neither client reads: both have a queue, so neither is idle.
-  for (const int fd : {a.server, b.server}) {
-    const int sndbuf = 16384;
-    ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)),
-              0);
-    gov_->BeforeSend(fd);
-    std::vector<char> data(4096, 'q');
-    for (int i = 0; i < 10'000; ++i) {
-      const ssize_t n =
-          ::send(fd, data.data(), data.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n < 0) break;
-      gov_->AfterSend(fd, n);
-    }
-  }
+  FillQueue(a.server);
+  FillQueue(b.server);
   gov_->ApplyChangedShares();
   ASSERT_EQ(Pacing(a.server), kSlowRate / 2);
   const int queued = Outq(a.server);
   ASSERT_GT(queued, 8192);
   // Found with its queue: not looked at again before that queue can have
   // left at its pace (three quarters of the time it takes).
-  const int64_t t = MonotonicNowNs() + 2 * kLongIdleNs;
+  const int64_t t = Now() + 2 * kLongIdleNs;
   gov_->ExpireIdle(t);
   ASSERT_EQ(ConnOf(a.server).active.load(), 1u);
   ASSERT_EQ(ConnOf(b.server).active.load(), 1u);
-  ASSERT_TRUE(PollUntil([&] {
-    char buf[65536];
-    while (recv(a.client, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
-    }
-    return Outq(a.server) == 0;
-  }));
+  ASSERT_TRUE(ClientReadsAll(a));
   const int64_t at_full_rate = static_cast<int64_t>(
       0.75 * queued * kNsPerSec / kSlowRate * 1.2);  // with a margin
   gov_->ExpireIdle(t + at_full_rate);
   EXPECT_EQ(ConnOf(a.server).active.load(), 1u) << "looked at too soon";
   // Its sibling closes: its pace doubles, and so the same time is enough.
-  gov_->OnClose(b.server);
-  ::close(b.server);
+  CloseServer(b.server);
   gov_->ApplyChangedShares();
   ASSERT_EQ(Pacing(a.server), kSlowRate);
   gov_->ExpireIdle(t + at_full_rate);
@@ -281,8 +309,8 @@ TEST_F(GovernorIdleTest, ConnectionSendingThroughADupIsNotExpired) {
   const int dup_fd = dup(c.server);
   ASSERT_GE(dup_fd, 0);
   gov_->OnDup(c.server, dup_fd);
-  // The clock must move on before the host writes through the dup only.
-  testing_util::WaitForCoarseTick(last_original);
+  // The clock moves on before the host writes through the dup only.
+  Advance(kNsPerMs);
   gov_->BeforeSend(dup_fd);
   const int64_t last_dup = gov_->LastSendNs(dup_fd);
   ASSERT_LT(last_original, last_dup);

@@ -1,5 +1,6 @@
 // The Governor on real TCP sockets over loopback and a real zone, without
-// LD_PRELOAD (the test plays the interposers, see governor_accept_test.cc).
+// LD_PRELOAD (the test plays the interposers; the Governor is driven, see
+// governor_fixture.h).
 //
 // This file: sockets inherited at start-up (AdoptInherited: inetd, systemd
 // Accept=yes, a CGI helper's stdout). The test process plays the parent: it
@@ -12,7 +13,6 @@
 #include <memory>
 
 #include "gtest/gtest.h"
-#include "src/base/clock.h"
 #include "src/runtime/fd_table.h"
 #include "src/runtime/governor.h"
 #include "src/shm/zone.h"
@@ -80,7 +80,7 @@ TEST_F(GovernorInheritedTest,
   // own, as far as the zone can tell), which inherited c.server.
   std::unique_ptr<FdTable> table(FdTable::Create(testing_util::kTableSize));
   Governor helper(zone_.get(), table.get(), &logger_,
-                  RuleOptions({{port_, port_}}));
+                  Driven(RuleOptions({{port_, port_}})));
   EXPECT_GE(helper.AdoptInherited(), 1);
   EXPECT_EQ(ConnsUsed(), 1u);
   helper.BeforeSend(c.server);
