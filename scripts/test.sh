@@ -53,13 +53,18 @@ if ((!quick)); then
   # them (GTEST_FILTER).
   tsan_tests=(zone zone_layout zone_segment robust_mutex change_word key_table
               conn_table handoff_table proc_table zone_settings zone_repair
-              fd_table governor governor_pass governor_lock snapshot
+              fd_table governor_accept governor_share governor_idle
+              governor_fd governor_budget governor_after governor_inherited
+              governor_live governor_pass governor_lock governor_fork snapshot
               cluster_agent bypass_watch)
   tsan_suites=(ZoneTest ZoneLayoutTest ZoneLockTest ZoneSegmentTest
                RobustMutexTest ChangeWordTest KeyTableTest ConnTableTest
                HandoffTableTest ProcTableTest ZoneSettingsTest ZoneRepairTest
-               FdTableTest GovernorTest GovernorRestTest GovernorPassTest
-               GovernorLockTest SnapshotTest ClusterAgentTest BypassWatchTest)
+               FdTableTest GovernorAcceptTest GovernorShareTest
+               GovernorIdleTest GovernorRestTest GovernorFdTest
+               GovernorBudgetTest GovernorAfterTest GovernorInheritedTest
+               GovernorLiveTest GovernorPassTest GovernorLockTest
+               GovernorForkTest SnapshotTest ClusterAgentTest BypassWatchTest)
   cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_SANITIZE=thread \
     "${sanitizer_flags[@]}" >/dev/null

@@ -73,12 +73,6 @@ bool PollUntil(Predicate done, int64_t timeout_ns = kWaitNs) {
   return done();
 }
 
-// Waits (bounded) until the send-stamp clock (CoarseMonotonicNowNs, a kernel
-// tick's precision) has moved past `stamp`.
-inline bool WaitForCoarseTick(int64_t stamp) {
-  return PollUntil([&] { return CoarseMonotonicNowNs() > stamp; });
-}
-
 // Waits (bounded) for a child; returns its wait status, or -1 if it did not
 // end in time (it is then killed and reaped).
 inline int WaitChild(pid_t pid, int64_t timeout_ns = 4 * kWaitNs) {

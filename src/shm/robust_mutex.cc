@@ -28,8 +28,9 @@ uintptr_t RobustHead() {
 // The calling thread's robust list head, found by locking a private robust
 // mutex: glibc links it at the front of the thread's list, which is a ring
 // through the mutexes the thread holds back to the head, and the head lies
-// in the thread's descriptor (at pthread_self(), within a page). 0 if not
-// found.
+// in the thread's descriptor (at pthread_self(), within a page). Each link
+// points at the next mutex's own link (its __list.__next, where the kernel
+// expects a robust_list), not at its __list. 0 if not found.
 uintptr_t FindRobustHead() {
   pthread_mutexattr_t attr;
   pthread_mutexattr_init(&attr);
@@ -47,7 +48,7 @@ uintptr_t FindRobustHead() {
         head = p;
         break;
       }
-      link = reinterpret_cast<__pthread_list_t*>(p)->__next;
+      link = *reinterpret_cast<void* const*>(p);
     }
     pthread_mutex_unlock(&m);
   }

@@ -1,12 +1,16 @@
 // The Governor on real TCP sockets over loopback and a real zone, without
-// LD_PRELOAD (the test plays the interposers, see governor_test.cc).
+// LD_PRELOAD (the test plays the interposers; the Governor is driven, see
+// governor_fixture.h).
 //
 // This file: budget mode's connections closed with data still queued. The
 // Governor keeps such a socket open through a private duplicate until the
 // kernel has sent what is queued, so that the key's level still reaches it;
 // the duplicate is taken out of the host's epoll sets, given up when the
 // host runs out of fds or forks, and never used once the host closes its
-// number.
+// number. The kernel sends the queue in real time (the client's reads wait
+// for it); what the watcher does about the drain (measure it, pace it,
+// close the kept fd, end the modelled drain) the test does, with the
+// watcher's duty: the budget tick, or the drains alone in equal mode.
 
 #include <fcntl.h>
 #include <sys/epoll.h>
@@ -16,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +37,7 @@ namespace {
 using testing_util::Conn;
 using testing_util::Pacing;
 using testing_util::PollUntil;
+using testing_util::QueueEmpties;
 using testing_util::WaitChild;
 
 // Slow enough that what the test queues takes a while to leave.
@@ -61,13 +67,15 @@ struct Received {
   bool reset = false;
 };
 
-// Reads fd until EOF or an error, at most timeout_ns.
-Received ReadAll(int fd, int64_t timeout_ns = 10 * kNsPerSec) {
+// Reads fd until EOF or an error, or until it got `want` bytes, at most
+// timeout_ns: a wait for the kernel, which sends at the socket's pace.
+Received ReadAll(int fd, size_t want = SIZE_MAX,
+                 int64_t timeout_ns = 10 * kNsPerSec) {
   Received got;
   std::vector<char> buf(65536);
   PollUntil(
       [&] {
-        for (int i = 0; i < 1000; ++i) {
+        for (int i = 0; i < 1000 && got.bytes < want; ++i) {
           const ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
           if (n > 0) {
             got.bytes += static_cast<size_t>(n);
@@ -77,7 +85,7 @@ Received ReadAll(int fd, int64_t timeout_ns = 10 * kNsPerSec) {
           if (n < 0 && errno != EAGAIN) got.reset = true;
           break;
         }
-        return got.eof || got.reset;
+        return got.eof || got.reset || got.bytes >= want;
       },
       timeout_ns);
   return got;
@@ -120,6 +128,29 @@ class GovernorDrainTest : public testing_util::GovernorFixture {
     closed.kept = FdOfInode(closed.ino);
     return closed;
   }
+
+  // The budget tick, now, and the clock moves on to the next it asks for.
+  void Tick() { clock_.SetNs(std::max(Now(), gov_->TickBudget(Now()))); }
+
+  // The client reads what the kernel sends of the kept socket (at its
+  // pace): every byte queued, and no end of the stream while the kept fd
+  // holds the socket open. Once all is sent, `pass` (the watcher's duty,
+  // which moves the clock on) closes the kept fd, and the end follows.
+  // Returns what the client got in all.
+  template <typename Pass>
+  Received ReadThroughTheDrain(const Closed& k, Pass pass) {
+    Received got = ReadAll(k.conn.client, kQueued);
+    EXPECT_EQ(got.bytes, kQueued);
+    EXPECT_FALSE(got.eof || got.reset) << "ended before the kept fd closed";
+    EXPECT_TRUE(QueueEmpties(k.kept));
+    for (int i = 0; i < 100 && FdOfInode(k.ino) >= 0; ++i) pass();
+    EXPECT_LT(FdOfInode(k.ino), 0) << "the watcher kept it open";
+    const Received end = ReadAll(k.conn.client);
+    got.bytes += end.bytes;
+    got.eof = end.eof;
+    got.reset = end.reset;
+    return got;
+  }
 };
 
 TEST_F(GovernorDrainTest, ClosedSocketStaysOpenUntilItsQueueHasLeft) {
@@ -131,13 +162,14 @@ TEST_F(GovernorDrainTest, ClosedSocketStaysOpenUntilItsQueueHasLeft) {
   EXPECT_EQ(ConnsUsed(), 1u);
   EXPECT_EQ(Pacing(k.kept), kSlowRate);
   // The client gets every byte and then the end of the stream: the kept fd
-  // is closed once the queue is empty, and the FIN follows the data.
-  const Received got = ReadAll(k.conn.client);
+  // is closed once the queue is empty (the tick measures it so), and the FIN
+  // follows the data.
+  const Received got = ReadThroughTheDrain(k, [&] { Tick(); });
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
   EXPECT_FALSE(got.reset);
-  EXPECT_TRUE(PollUntil([&] { return FdOfInode(k.ino) < 0; }));
-  EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
+  EXPECT_LT(FdOfInode(k.ino), 0);
+  EXPECT_EQ(ConnsUsed(), 0u);
 }
 
 TEST_F(GovernorDrainTest, KeptSocketTakesALevelChange) {
@@ -145,9 +177,10 @@ TEST_F(GovernorDrainTest, KeptSocketTakesALevelChange) {
   ASSERT_GE(k.kept, 0);
   // An orphaned socket would send the rest at the old rate for good.
   zone_->settings().SetRate(4 * kSlowRate);
-  EXPECT_TRUE(PollUntil([&] { return Pacing(k.kept) == 4 * kSlowRate; }))
+  EXPECT_TRUE(TickBudgetUntil([&] { return Pacing(k.kept) == 4 * kSlowRate; },
+                              kNsPerSec))
       << Pacing(k.kept);
-  const Received got = ReadAll(k.conn.client);
+  const Received got = ReadThroughTheDrain(k, [&] { Tick(); });
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
 }
@@ -156,14 +189,19 @@ TEST_F(GovernorDrainTest, DrainEndsAfterAnotherProcessSwitchesToEqualShares) {
   const Closed k = QueuedAndClosed();
   ASSERT_GE(k.kept, 0);
   // Another process of the zone starts with TRAFFICRATE_SHARE=equal: the
-  // budget's ticks stop, but the kept socket is still closed once sent,
-  // and the connection leaves its key.
+  // budget's ticks stop (the watcher runs FinishDrains instead), but the
+  // kept socket is still closed once sent, and the connection leaves its
+  // key.
   zone_->settings().SetShare(ShareMode::kEqual, 0);
-  const Received got = ReadAll(k.conn.client);
+  ASSERT_FALSE(gov_->BudgetWanted());
+  const Received got = ReadThroughTheDrain(k, [&] {
+    Advance(kBudgetTickNs);
+    gov_->FinishDrains(Now());
+  });
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
-  EXPECT_TRUE(PollUntil([&] { return FdOfInode(k.ino) < 0; }));
-  EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
+  EXPECT_LT(FdOfInode(k.ino), 0);
+  EXPECT_EQ(ConnsUsed(), 0u);
 }
 
 TEST_F(GovernorDrainTest, KeptSocketIsTakenOutOfTheHostsEpollSets) {
@@ -202,11 +240,12 @@ TEST_F(GovernorDrainTest, HostClosingTheKeptFdNumberStopsItsUse) {
   int pipefd[2];
   ASSERT_EQ(pipe(pipefd), 0);
   ASSERT_EQ(fcntl(pipefd[0], F_DUPFD, k.kept), k.kept);
-  // The socket drains as an orphan (modelled), and the watcher leaves the
+  // The socket drains as an orphan (modelled: over once its queue's time at
+  // the pace has passed on the watcher's clock), and the watcher leaves the
   // pipe alone: it is still open once the drain is over.
   const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
-  EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
+  EXPECT_TRUE(TickBudgetUntil([&] { return ConnsUsed() == 0; }));
   struct stat st {};
   ASSERT_EQ(fstat(k.kept, &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
@@ -246,11 +285,12 @@ TEST_F(GovernorDrainTest, KeptFdsAreGivenBackWhenTheHostRunsOutOfFds) {
   EXPECT_EQ(gov_->ReleaseKeptDrains(), 1);
   EXPECT_LT(FdOfInode(k.ino), 0);
   EXPECT_EQ(gov_->ReleaseKeptDrains(), 0);
-  // The kernel sends the rest on its own, as it would have without us.
+  // The kernel sends the rest on its own, as it would have without us; the
+  // drain, modelled from then on, ends on the watcher's clock.
   const Received got = ReadAll(k.conn.client);
   EXPECT_EQ(got.bytes, kQueued);
   EXPECT_TRUE(got.eof);
-  EXPECT_TRUE(PollUntil([&] { return ConnsUsed() == 0; }));
+  EXPECT_TRUE(TickBudgetUntil([&] { return ConnsUsed() == 0; }));
 }
 
 TEST_F(GovernorDrainTest, ForkedChildDoesNotHoldKeptSockets) {

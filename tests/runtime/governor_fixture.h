@@ -1,5 +1,24 @@
-// The fixture of the Governor tests (tests/runtime/): a zone, an fd table
-// and a listener on 127.0.0.1; the test plays the interposers.
+// The fixture of the Governor tests (tests/runtime/governor_*_test.cc,
+// zone_garbage_test.cc): a zone, an fd table, a listener on 127.0.0.1 and a
+// clock of the test's own; the test plays the interposers.
+//
+// The Governor is driven: it reads the fixture's FakeClock
+// (tests/base/fake_clock.h) and runs no watcher thread (WatcherTiming::
+// run_thread = false), so time moves only when the test moves it, and what
+// the watcher would do the test does by calling that duty itself
+// (ApplyChangedShares, ExpireIdle, TickBudget, CheckZone ...), then asserts
+// its outcome. Only waits for the kernel (a queue emptying, bytes reaching a
+// client) poll, bounded. StartLiveGovernor gives the real clock and the
+// watcher thread instead, for the tests of the two together
+// (governor_live_test.cc).
+//
+// Without a thread, the process slot is claimed by the thread of the
+// Governor's first governed call (the test's main thread, in practice), and
+// that thread holds the slot's liveness mutex (a robust mutex in the zone)
+// until the Governor is destroyed or StopWatcher. Meanwhile that thread
+// must not take the lock of another zone mapping (a ZoneLock on another
+// Zone): glibc links a thread's held robust mutexes through the mutexes
+// themselves, and HeldMutex refuses links that leave the mapping.
 
 #ifndef TRAFFICRATE_TESTS_RUNTIME_GOVERNOR_FIXTURE_H_
 #define TRAFFICRATE_TESTS_RUNTIME_GOVERNOR_FIXTURE_H_
@@ -12,9 +31,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -22,17 +43,19 @@
 #include "src/base/clock.h"
 #include "src/base/log.h"
 #include "src/config/config.h"
+#include "src/config/rules.h"
 #include "src/runtime/fd_table.h"
 #include "src/runtime/governor.h"
 #include "src/shm/zone.h"
 #include "src/shm/zone_layout.h"
+#include "tests/base/fake_clock.h"
 #include "tests/shm/zone_fixture.h"
 #include "tests/test_util.h"
 
 namespace trafficrate {
 namespace testing_util {
 
-// --- The Governor tests (governor_test.cc, governor_fork_test.cc).
+// --- The Governor tests.
 
 inline constexpr int64_t kLongIdleNs = 3600 * kNsPerSec;
 inline constexpr int kTableSize = 4096;
@@ -72,9 +95,50 @@ struct Conn {
   int server = -1;
 };
 
-// Fixture of the Governor tests: a zone, an fd table and a listener on
-// 127.0.0.1; StartGovernor() makes the Governor. The test plays the
-// interposers (see governor_test.cc).
+// Waits for the kernel (bounded): true once fd's send queue is empty, every
+// byte sent and acknowledged.
+inline bool QueueEmpties(int fd) {
+  return PollUntil([&] { return Outq(fd) == 0; });
+}
+
+// A client connection to `listener` (any 127.x address `from`), accepted
+// with plain ::accept4 and told to no Governor. {-1, -1} on failure.
+inline Conn AcceptUntold(int listener, const char* from) {
+  sockaddr_in server{};
+  socklen_t len = sizeof(server);
+  if (getsockname(listener, reinterpret_cast<sockaddr*>(&server), &len) != 0) {
+    return Conn{};
+  }
+  Conn conn;
+  conn.client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local = Inet(from, 0);
+  if (conn.client < 0 ||
+      bind(conn.client, reinterpret_cast<sockaddr*>(&local), sizeof(local)) !=
+          0 ||
+      connect(conn.client, reinterpret_cast<sockaddr*>(&server),
+              sizeof(server)) != 0) {
+    if (conn.client >= 0) close(conn.client);
+    return Conn{};
+  }
+  conn.server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  return conn;
+}
+
+// Options with TRAFFICRATE_PORTS (`ports`) and TRAFFICRATE_EXEMPT
+// (`exempt`, as the variable spells it), and a long idle time.
+inline GovernorOptions RuleOptions(const std::vector<PortRange>& ports,
+                                   const char* exempt = nullptr) {
+  GovernorOptions options;
+  options.idle_ns = kLongIdleNs;
+  std::vector<Cidr> cidrs;
+  if (exempt != nullptr) cidrs = ParseExempt(exempt).value();
+  options.rules = AcceptRules::Make(ports, cidrs).value();
+  return options;
+}
+
+// Fixture of the Governor tests: a zone, an fd table, a listener on
+// 127.0.0.1 and the clock; StartGovernor() makes the Governor, driven (see
+// the top of this file).
 class GovernorFixture : public ZoneNameFixture {
  protected:
   void SetUp() override {
@@ -106,6 +170,13 @@ class GovernorFixture : public ZoneNameFixture {
     ZoneNameFixture::TearDown();
   }
 
+  // `options` for a Governor the test drives: the fixture's clock, no
+  // watcher thread. For any Governor a test makes besides gov_.
+  GovernorOptions Driven(GovernorOptions options) const {
+    options.clock = &clock_;
+    options.run_thread = false;
+    return options;
+  }
   void StartGovernor(int64_t idle_ns = kLongIdleNs,
                      KeyMode mode = KeyMode::kPeer) {
     GovernorOptions options;
@@ -114,10 +185,61 @@ class GovernorFixture : public ZoneNameFixture {
     StartGovernor(options);
   }
   // With every option given: accept rules (TRAFFICRATE_PORTS,
-  // TRAFFICRATE_EXEMPT), after_bytes (TRAFFICRATE_AFTER) and the rest.
+  // TRAFFICRATE_EXEMPT), after_bytes (TRAFFICRATE_AFTER) and the rest. The
+  // clock and run_thread are the fixture's (Driven).
   void StartGovernor(const GovernorOptions& options) {
     gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
+                                      Driven(options));
+  }
+  // The real clock and the watcher thread, as in the library: for the
+  // tests of the Governor with its live watcher, which poll for what it
+  // does.
+  void StartLiveGovernor(GovernorOptions options) {
+    options.clock = &MonotonicClock();
+    options.run_thread = true;
+    gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
                                       options);
+  }
+
+  // The driven Governor's time, and moving it on.
+  int64_t Now() const { return clock_.NowNs(); }
+  void Advance(int64_t ns) { clock_.AdvanceNs(ns); }
+
+  // Budget mode's watcher: TickBudget now, then at each time it asks for
+  // (the clock moved there), until done() or limit_ns have passed on the
+  // clock. Returns done(). For outcomes that take the budget's visits some
+  // ticks, which this spares the test from counting.
+  template <typename Done>
+  bool TickBudgetUntil(Done done, int64_t limit_ns = 10 * kNsPerSec) {
+    const int64_t end = Now() + limit_ns;
+    for (int i = 0; i < 100'000; ++i) {
+      const int64_t next = gov_->TickBudget(Now());
+      if (done()) return true;
+      if (next > end) break;
+      if (next > Now()) clock_.SetNs(next);
+    }
+    return done();
+  }
+
+  // A thread that plays the watcher thread of the driven Governor: a pass of
+  // its duties at the clock's time, over and over, until `stop` (for tests
+  // of the host's threads racing the watcher's own use of their fds). Join
+  // it before the Governor goes.
+  std::thread PlayWatcher(const std::atomic<bool>& stop) {
+    return std::thread([this, &stop] {
+      while (!stop.load()) {
+        const int64_t now = Now();
+        if (!gov_->CheckZone(now)) break;
+        if (gov_->BudgetWanted()) {
+          gov_->TickBudget(now);
+        } else {
+          gov_->FinishDrains(now);
+        }
+        gov_->ApplyChangedShares();
+        gov_->ExpireIdle(now);
+        gov_->ReapDead();
+      }
+    });
   }
 
   // Connects from `from` (any 127.x address), accepts with plain ::accept and
@@ -232,10 +354,9 @@ class GovernorFixture : public ZoneNameFixture {
     ZoneLock lock(*zone_);
     return zone_->header().keys_used;
   }
-  bool PacingBecomes(int fd, uint64_t rate) const {
-    return PollUntil([&] { return Pacing(fd) == rate; });
-  }
 
+  // First: it outlives every Governor that reads it.
+  FakeClock clock_;
   Logger logger_;
   std::unique_ptr<Zone> zone_;
   std::unique_ptr<FdTable> table_;

@@ -8,8 +8,14 @@
 // vfork child leaves its parent's connections alone, a process about to
 // lose the right to start threads starts its watcher first, a stopped
 // watcher looks dead and its connections are reaped, and threads send while
-// another closes and re-accepts. The single-process tests are in
-// governor_test.cc; the fixture is in test_util.h.
+// another closes and re-accepts. The single-process tests are in the other
+// governor_*_test.cc; the fixture is in governor_fixture.h.
+//
+// The Governor is driven (no watcher thread; governor_fixture.h), in the
+// parent and so in a forked child: after AfterForkChild the child's first
+// governed call claims the child's own process slot, in that call, as the
+// watcher thread it would start would. The test of that thread's start in a
+// child (BeforeThreadLimit) runs the live watcher.
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -42,19 +48,15 @@ using testing_util::kTableSize;
 using testing_util::kUnderTsan;
 using testing_util::Pacing;
 using testing_util::Pipe;
-using testing_util::PollUntil;
 using testing_util::ReadByte;
 using testing_util::WaitChild;
 using testing_util::WriteByte;
 
-using GovernorTest = testing_util::GovernorFixture;
+using GovernorForkTest = testing_util::GovernorFixture;
 
-TEST_F(GovernorTest, ForkedChildThatSendsTakesOwnership) {
-  if (kUnderTsan) {
-    GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a "
-                    "child forked from a multithreaded process (the child's "
-                    "watcher thread)";
-  }
+TEST_F(GovernorForkTest, ForkedChildThatSendsTakesOwnership) {
+  // No thread in either process: the child claims its slot in its send
+  // (ThreadSanitizer supports this fork).
   StartGovernor();
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
@@ -115,11 +117,8 @@ pid_t RawClone() {
 // The child's first interposed call finds the process token wiped (the test
 // plays lib/interpose.cc's ActiveGovernor) and sets the process up as the
 // atfork handler would: its own watcher, its own slot, under its own pid.
-TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
-  if (kUnderTsan) {
-    GTEST_SKIP() << "ThreadSanitizer does not support threads started in a "
-                    "child of a multithreaded process";
-  }
+TEST_F(GovernorForkTest, RawCloneChildIsRecognisedAndTakesOwnership) {
+  // No thread in either process (ThreadSanitizer supports this clone).
   StartGovernor();
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
@@ -174,7 +173,8 @@ TEST_F(GovernorTest, RawCloneChildIsRecognisedAndTakesOwnership) {
 // the thread (glibc's fork registers it again). A child of a thread that
 // never took the zone lock would then find the lock's links "damaged" at its
 // first unlock and mark the zone corrupt for every process.
-TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
+TEST_F(GovernorForkTest,
+       RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
   if (kUnderTsan) {
     GTEST_SKIP() << "ThreadSanitizer does not support a raw clone of a "
                     "multithreaded process";
@@ -211,7 +211,7 @@ TEST_F(GovernorTest, RawCloneChildOfAThreadThatNeverLockedKeepsTheZoneSound) {
 // the interposers run there, on the parent's memory (its fd table, its
 // local references), but on the child's own fds. They must leave the
 // parent's connections alone.
-TEST_F(GovernorTest, VforkChildLeavesTheParentsConnectionsAlone) {
+TEST_F(GovernorForkTest, VforkChildLeavesTheParentsConnectionsAlone) {
   StartGovernor();
   const Conn a = Open();
   const Conn b = Open("127.0.0.2");
@@ -253,12 +253,16 @@ TEST_F(GovernorTest, VforkChildLeavesTheParentsConnectionsAlone) {
 // control connection they inherited and receive their data connections.
 // A process holding governed connections starts its watcher before the
 // limit; one without any does not take a slot.
-TEST_F(GovernorTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
+TEST_F(GovernorForkTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
   if (kUnderTsan) {
     GTEST_SKIP() << "ThreadSanitizer does not support threads started in a "
                     "child of a multithreaded process";
   }
-  StartGovernor();
+  // The live watcher: what matters is that the thread is started before
+  // the limit, so the child starts a real one.
+  GovernorOptions options;
+  options.idle_ns = kLongIdleNs;
+  StartLiveGovernor(options);
   const Conn c = Open();
   ASSERT_GE(c.server, 0);
   const uint32_t parent_proc = gov_->proc_index();
@@ -287,7 +291,7 @@ TEST_F(GovernorTest, ThreadLimitStartsTheWatcherOfAProcessWithConnections) {
   EXPECT_EQ(ConnsUsed(), 1u) << "the children left the parent's alone";
 }
 
-TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
+TEST_F(GovernorForkTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
   StartGovernor();
   const Conn sending = Open();
   const Conn quiet = Open("127.0.0.2");
@@ -304,7 +308,7 @@ TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
   std::unique_ptr<FdTable> other_table(FdTable::Create(kTableSize));
   GovernorOptions options;
   options.idle_ns = kLongIdleNs;
-  Governor other(zone_.get(), other_table.get(), &logger_, options);
+  Governor other(zone_.get(), other_table.get(), &logger_, Driven(options));
   const uint32_t other_proc = other.EnsureProc();
   ASSERT_NE(other_proc, kNoSlot);
   EXPECT_NE(other_proc, proc);
@@ -326,15 +330,15 @@ TEST_F(GovernorTest, StoppedWatcherLooksDeadAndItsConnectionsAreReaped) {
 }
 
 // Host threads send on governed sockets while another thread closes them and
-// accepts new connections that get the same fd numbers. The senders may see
-// an fd number at any point of its close and reuse.
-TEST_F(GovernorTest,
+// accepts new connections that get the same fd numbers, and a thread plays
+// the watcher (PlayWatcher). The senders and the watcher may see an fd
+// number at any point of its close and reuse.
+TEST_F(GovernorForkTest,
        ThreadsSendingWhileAnotherClosesAndReacceptsStayConsistent) {
   StartGovernor();
   constexpr int kSockets = 4;
   constexpr int kSenders = 3;
-  constexpr int64_t kRunNs = 300 * kNsPerMs;
-  constexpr int kMaxRounds = 100'000;         // closes and re-accepts
+  constexpr int kRounds = 1'000;  // closes and re-accepts (0.3 s here)
   constexpr int kMaxSendRounds = 10'000'000;  // per sender
   const char* const kFrom[2] = {"127.0.0.2", "127.0.0.3"};
   std::atomic<int> server[kSockets];
@@ -349,6 +353,7 @@ TEST_F(GovernorTest,
   std::atomic<uint64_t> sends{0};
   std::atomic<int> reaccepts{0};
   std::atomic<int> failures{0};
+  std::thread watcher = PlayWatcher(stop);
   std::vector<std::thread> senders;
   for (int t = 0; t < kSenders; ++t) {
     senders.emplace_back([&, t] {
@@ -364,7 +369,7 @@ TEST_F(GovernorTest,
     });
   }
   std::thread closer([&] {
-    for (int round = 0; round < kMaxRounds && !stop.load(); ++round) {
+    for (int round = 0; round < kRounds; ++round) {
       const int i = round % kSockets;
       gov_->OnClose(server[i].load());
       close(server[i].load());
@@ -383,16 +388,14 @@ TEST_F(GovernorTest,
       }
     }
   });
-  const int64_t deadline = MonotonicNowNs() + kRunNs;
-  PollUntil([&] { return MonotonicNowNs() >= deadline; },
-            kRunNs + testing_util::kWaitNs);
+  closer.join();
   stop.store(true);
   for (std::thread& sender : senders) sender.join();
-  closer.join();
+  watcher.join();
   RecordProperty("reaccepts", reaccepts.load());
   RecordProperty("sends", static_cast<int>(sends.load()));
   ASSERT_EQ(failures.load(), 0);
-  EXPECT_GT(reaccepts.load(), 10);
+  EXPECT_EQ(reaccepts.load(), kRounds);
   EXPECT_GT(sends.load(), 100u);
 
   // Every open socket is registered exactly once, by this process; the keys'
@@ -436,16 +439,16 @@ TEST_F(GovernorTest,
 
 // Host threads send on governed sockets and on duplicates of them while one
 // thread dup2()s sockets over spare fd numbers (replacing an older duplicate
-// there) and another closes the duplicates, as the interposers would. When
-// all duplicates are gone, every socket is registered once and the counts
-// match.
-TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
+// there), another closes the duplicates, as the interposers would, and a
+// thread plays the watcher (PlayWatcher). When all duplicates are gone,
+// every socket is registered once and the counts match.
+TEST_F(GovernorForkTest,
+       ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
   StartGovernor();
   constexpr int kSockets = 4;
   constexpr int kSpares = 4;
   constexpr int kSenders = 2;
-  constexpr int64_t kRunNs = 300 * kNsPerMs;
-  constexpr int kMaxRounds = 100'000;
+  constexpr int kRounds = 5'000;  // dup2s, and closes (0.2 s here)
   constexpr int kMaxSendRounds = 10'000'000;
   const char* const kFrom[2] = {"127.0.0.2", "127.0.0.3"};
   int server[kSockets];
@@ -469,9 +472,10 @@ TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
   std::atomic<int> dups{0};
   std::atomic<int> closes{0};
   std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
+  std::thread watcher = PlayWatcher(stop);
+  std::vector<std::thread> senders;
   for (int t = 0; t < kSenders; ++t) {
-    threads.emplace_back([&, t] {
+    senders.emplace_back([&, t] {
       for (int round = 0; round < kMaxSendRounds && !stop.load(); ++round) {
         const int n = (round + t) % (kSockets + kSpares);
         const int fd = n < kSockets ? server[n] : spare[n - kSockets];
@@ -480,8 +484,8 @@ TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
       }
     });
   }
-  threads.emplace_back([&] {
-    for (int round = 0; round < kMaxRounds && !stop.load(); ++round) {
+  std::thread duplicator([&] {
+    for (int round = 0; round < kRounds; ++round) {
       const int i = round % kSpares;
       const int from = server[(round / kSpares) % kSockets];
       std::lock_guard<std::mutex> hold(spare_mu[i]);
@@ -497,8 +501,8 @@ TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
       dups.fetch_add(1);
     }
   });
-  threads.emplace_back([&] {
-    for (int round = 0; round < kMaxRounds && !stop.load(); ++round) {
+  std::thread closer([&] {
+    for (int round = 0; round < kRounds; ++round) {
       const int i = (round * 3 + 1) % kSpares;
       std::lock_guard<std::mutex> hold(spare_mu[i]);
       // The close interposer, then a plain socket to hold the number.
@@ -517,16 +521,16 @@ TEST_F(GovernorTest, ThreadsSendingWhileOthersDup2OverAndCloseStayConsistent) {
       closes.fetch_add(1);
     }
   });
-  const int64_t deadline = MonotonicNowNs() + kRunNs;
-  PollUntil([&] { return MonotonicNowNs() >= deadline; },
-            kRunNs + testing_util::kWaitNs);
+  duplicator.join();
+  closer.join();
   stop.store(true);
-  for (std::thread& thread : threads) thread.join();
+  for (std::thread& sender : senders) sender.join();
+  watcher.join();
   RecordProperty("dups", dups.load());
   RecordProperty("closes", closes.load());
   ASSERT_EQ(failures.load(), 0);
-  EXPECT_GT(dups.load(), 10);
-  EXPECT_GT(closes.load(), 10);
+  EXPECT_EQ(dups.load(), kRounds);
+  EXPECT_EQ(closes.load(), kRounds);
   for (int i = 0; i < kSpares; ++i) {
     gov_->OnClose(spare[i]);
     close(spare[i]);

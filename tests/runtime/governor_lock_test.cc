@@ -4,7 +4,11 @@
 // own bounds are tested in tests/shm/zone_test.cc.
 //
 // The holder is a forked child (another process, as in a real server) that
-// takes the lock and is then stopped, released or killed (LockHolder).
+// takes the lock and is then stopped, released or killed (LockHolder). The
+// lock's waits are real (its bounds are what is tested); the Governor is
+// driven (governor_fixture.h): what its watcher does once the lock is free,
+// or held for good, or the header broken, the test does by calling the
+// watcher's once-a-loop duty, CheckZone, at the times it means.
 
 #include <unistd.h>
 
@@ -28,7 +32,6 @@ using testing_util::kNotPaced;
 using testing_util::kRate;
 using testing_util::LockHolder;
 using testing_util::Pacing;
-using testing_util::PollUntil;
 
 using GovernorLockTest = testing_util::GovernorFixture;
 
@@ -67,20 +70,20 @@ TEST_F(GovernorLockTest, ConnectionsPassThroughWhileTheLockIsHeldAndCatchUp) {
   EXPECT_GE(zone_->header().lock_timeouts.load(), 2u);
 
   ASSERT_TRUE(holder.Release());
-  EXPECT_TRUE(PollUntil([&] { return !zone_->lock_stalled(); }));
-  // The watcher finishes the deferred close (first's connection is gone),
-  // and registers the pending connections without waiting for
-  // their next send (a full socket may put it off for seconds), and joins
-  // them: they were sending.
-  EXPECT_TRUE(PollUntil([&] {
-    return ConnIndex(second.server) != kNoSlot &&
-           ConnIndex(third.server) != kNoSlot;
-  }));
+  EXPECT_TRUE(zone_->lock_stalled()) << "nothing looked at the lock yet";
+  // The watcher's next look finds the lock free, finishes the deferred
+  // close (first's connection is gone), and registers the pending
+  // connections without waiting for their next send (a full socket may put
+  // it off for seconds), and joins them: they were sending. Its pass over
+  // the changed shares then paces both at their share.
+  EXPECT_TRUE(gov_->CheckZone(Now()));
+  EXPECT_FALSE(zone_->lock_stalled());
+  EXPECT_NE(ConnIndex(second.server), kNoSlot);
+  EXPECT_NE(ConnIndex(third.server), kNoSlot);
   EXPECT_EQ(Active(second.server), 2u);
-  EXPECT_TRUE(PollUntil([&] {
-    return Pacing(second.server) == kRate / 2 &&
-           Pacing(third.server) == kRate / 2;
-  }));
+  gov_->ApplyChangedShares();
+  EXPECT_EQ(Pacing(second.server), kRate / 2);
+  EXPECT_EQ(Pacing(third.server), kRate / 2);
   EXPECT_EQ(ConnsUsed(), 2u) << "the watcher did not finish the deferred close";
   ASSERT_GT(Send(second.server), 0);
   EXPECT_EQ(Active(second.server), 2u);
@@ -97,12 +100,20 @@ TEST_F(GovernorLockTest,
   __atomic_store_n(&zone_->header().lock.__data.__lock, kNoSuchThread,
                    __ATOMIC_RELAXED);
   Conn later = Open("127.0.0.3");  // times out: stalled from here
-  EXPECT_TRUE(
-      PollUntil([&] { return zone_->segment().corrupt(); }, 8 * kNsPerSec));
+  // The watcher looks at the stalled lock once a second: after the third
+  // look that finds it held by a thread that does not exist, the zone is
+  // corrupt, and its process passes everything through.
+  EXPECT_TRUE(gov_->CheckZone(Now()));
+  Advance(kNsPerSec);
+  EXPECT_TRUE(gov_->CheckZone(Now()));
+  EXPECT_FALSE(zone_->segment().corrupt()) << "marked before the third look";
+  Advance(kNsPerSec);
+  EXPECT_FALSE(gov_->CheckZone(Now()));
+  EXPECT_TRUE(zone_->segment().corrupt());
   EXPECT_EQ(zone_->header().corrupt.load(), 1u);
   // Everything passes through: the paced socket is unpaced again, and new
   // connections are not registered.
-  EXPECT_TRUE(PollUntil([&] { return Pacing(conn.server) == kNotPaced; }));
+  EXPECT_EQ(Pacing(conn.server), kNotPaced);
   EXPECT_EQ(table_->Get(conn.server)->state.load(), 0u);
   Conn after = Open("127.0.0.4");
   ASSERT_GT(Send(after.server), 0);
@@ -118,11 +129,16 @@ TEST_F(GovernorLockTest, AHeaderChangedUnderARunningProcessMakesItPassThrough) {
   Conn conn = Open("127.0.0.2");
   ASSERT_GT(Send(conn.server), 0);
   ASSERT_EQ(Pacing(conn.server), kRate);
+  ASSERT_TRUE(gov_->CheckZone(Now()));  // the watcher's look: sound
   // Immutable: the checksum breaks. (Atomic, as the checksum's reads are.)
   __atomic_fetch_xor(&zone_->header().hash_seed[0], 0x10, __ATOMIC_RELAXED);
-  EXPECT_TRUE(
-      PollUntil([&] { return zone_->segment().corrupt(); }, 4 * kNsPerSec));
-  EXPECT_TRUE(PollUntil([&] { return Pacing(conn.server) == kNotPaced; }));
+  // The watcher checks the header once a second: not at its looks within
+  // the second, at the first after it.
+  EXPECT_TRUE(gov_->CheckZone(Now() + kNsPerSec - 1));
+  Advance(kNsPerSec);
+  EXPECT_FALSE(gov_->CheckZone(Now()));
+  EXPECT_TRUE(zone_->segment().corrupt());
+  EXPECT_EQ(Pacing(conn.server), kNotPaced);
   Conn after = Open("127.0.0.3");
   ASSERT_GT(Send(after.server), 0);
   EXPECT_EQ(table_->Get(after.server)->state.load(), 0u);

@@ -3,7 +3,9 @@
 // round-robin scheduling, for one). Two Governors with their own fd tables
 // share one zone, as two processes of a server would; the test plays the
 // interposers: BeforePassFds/AfterPassFds around ::sendmsg, OnReceivedFds
-// after ::recvmsg. The fixture is in test_util.h.
+// after ::recvmsg, and calls the watcher's handoff expiry (ExpireHandoffs)
+// at the times it means, on the Governors' clock. The fixture is in
+// governor_fixture.h.
 
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -40,7 +42,7 @@ class GovernorPassTest : public testing_util::GovernorFixture {
     options.idle_ns = kLongIdleNs;
     StartGovernor(options);
     other_ = std::make_unique<Governor>(zone_.get(), other_table_.get(),
-                                        &logger_, options);
+                                        &logger_, Driven(options));
   }
 
   void TearDown() override {
@@ -167,7 +169,7 @@ TEST_F(GovernorPassTest, SenderClosingBeforeTheReceiveKeepsTheRegistration) {
   ASSERT_EQ(SendReceived(), 100);
   EXPECT_EQ(Pacing(received_), kRate);
   // Expiry does not touch what was received.
-  gov_->ExpireHandoffs(MonotonicNowNs() + 3 * kNsPerSec);
+  gov_->ExpireHandoffs(Now() + 3 * kNsPerSec);
   EXPECT_EQ(ConnsUsed(), 1u);
   CloseReceived();
   EXPECT_EQ(ConnsUsed(), 0u);
@@ -205,10 +207,9 @@ TEST_F(GovernorPassTest, UnreceivedSocketIsReleasedByItsSenderAfterExpiry) {
   const int fd = Receive(nullptr, /*tell=*/false);
   ASSERT_GE(fd, 0);
   EXPECT_EQ(ConnsUsed(), 1u);
-  gov_->ExpireHandoffs(MonotonicNowNs());
+  gov_->ExpireHandoffs(Now());
   EXPECT_EQ(ConnsUsed(), 1u) << "not before the expiry";
-  gov_->ExpireHandoffs(MonotonicNowNs() + Governor::kHandoffExpiryNs +
-                       kNsPerSec);
+  gov_->ExpireHandoffs(Now() + Governor::kHandoffExpiryNs + kNsPerSec);
   EXPECT_EQ(ConnsUsed(), 0u);
   EXPECT_EQ(KeysUsed(), 0u);
   close(fd);
@@ -218,8 +219,7 @@ TEST_F(GovernorPassTest, ExpiryKeepsWhatTheSenderStillHolds) {
   const Conn c = Open("127.0.0.2");
   ASSERT_GE(c.server, 0);
   ASSERT_EQ(Pass(c.server), 1);
-  gov_->ExpireHandoffs(MonotonicNowNs() + Governor::kHandoffExpiryNs +
-                       kNsPerSec);
+  gov_->ExpireHandoffs(Now() + Governor::kHandoffExpiryNs + kNsPerSec);
   EXPECT_EQ(ConnsUsed(), 1u) << "its sender still has its fd";
   // Received after the expiry: not taken over, so the receiver leaves it
   // alone; the sender's close ends it.

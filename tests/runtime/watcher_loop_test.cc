@@ -1,6 +1,7 @@
-// The watcher's schedule on a clock of the test's own: which duty runs
-// when, how changes are coalesced and pull the next budget tick forward,
-// and how late a wake was. No thread, no zone, no sleep.
+// The watcher's schedule on a clock of the test's own (tests/base/
+// fake_clock.h): which duty runs when, how changes are coalesced and pull
+// the next budget tick forward, and how late a wake was. No thread, no
+// zone, no sleep.
 
 #include "src/runtime/watcher_loop.h"
 
@@ -12,21 +13,14 @@
 #include "gtest/gtest.h"
 #include "src/base/clock.h"
 #include "src/budget/budget.h"
+#include "tests/base/fake_clock.h"
 
 namespace trafficrate {
 namespace {
 
 constexpr int64_t kMs = kNsPerMs;
 
-// Moves only when slept on or waited on.
-class FakeClock final : public Clock {
- public:
-  int64_t NowNs() const override { return now_; }
-  void SleepNs(int64_t ns) const override {
-    if (ns > 0) now_ += ns;
-  }
-  mutable int64_t now_ = 1'000 * kMs;  // never 0: 0 means "never"
-};
+using testing_util::FakeClock;
 
 // The change word, bumped at the times a test gives; a wait without a change
 // lasts its timeout plus `late_ns` (a watcher that got no CPU).
@@ -36,13 +30,13 @@ class FakeChanges final : public ChangeSignal {
   uint32_t Word() const override { return word_; }
   void Wait(uint32_t seen, int64_t timeout_ns) const override {
     if (word_ != seen) return;
-    const int64_t deadline = clock_->now_ + std::max<int64_t>(timeout_ns, 0);
+    const int64_t deadline = clock_->NowNs() + std::max<int64_t>(timeout_ns, 0);
     if (next_ < changes_.size() && changes_[next_] <= deadline) {
-      clock_->now_ = std::max(clock_->now_, changes_[next_++]);
+      clock_->SetNs(std::max(clock_->NowNs(), changes_[next_++]));
       ++word_;
       return;
     }
-    clock_->now_ = deadline + late_ns;
+    clock_->SetNs(deadline + late_ns);
   }
   // A join or leave somewhere at `at_ns` (in order).
   void ChangeAt(int64_t at_ns) { changes_.push_back(at_ns); }
@@ -89,11 +83,11 @@ class WatcherLoopTest : public ::testing::Test {
 
   // Runs passes until `for_ns` of the fake clock have gone by (bounded).
   void RunFor(WatcherLoop& loop, int64_t for_ns) {
-    const int64_t end = clock_.now_ + for_ns;
-    for (int i = 0; i < 100'000 && clock_.now_ < end; ++i) {
+    const int64_t end = clock_.NowNs() + for_ns;
+    for (int i = 0; i < 100'000 && clock_.NowNs() < end; ++i) {
       ASSERT_TRUE(loop.Pass());
     }
-    ASSERT_GE(clock_.now_, end) << "the loop stopped moving the clock";
+    ASSERT_GE(clock_.NowNs(), end) << "the loop stopped moving the clock";
   }
   // Times relative to the start, in ms.
   std::vector<int64_t> Ms(const std::vector<int64_t>& times) const {
@@ -106,7 +100,7 @@ class WatcherLoopTest : public ::testing::Test {
   FakeChanges changes_;
   RecordingDuties duties_;
   WatcherTiming timing_;  // idle 200 ms, coalesce 2 ms, reap 250 ms
-  const int64_t start_ = clock_.now_;
+  const int64_t start_ = clock_.NowNs();
 };
 
 TEST_F(WatcherLoopTest, EqualModeRunsIdlePassesReapsAndDrainsOnTheirOwnTimes) {
@@ -196,7 +190,7 @@ TEST_F(WatcherLoopTest, ACorruptZoneEndsTheLoopBeforeAnyDuty) {
   EXPECT_FALSE(loop.Pass());
   EXPECT_TRUE(duties_.late.empty());
   EXPECT_TRUE(duties_.reaps.empty());
-  EXPECT_EQ(clock_.now_, start_);
+  EXPECT_EQ(clock_.NowNs(), start_);
 }
 
 TEST(WatcherLoopTimingTest, IdlePassesAreAQuarterOfTheIdleTimeWithinBounds) {

@@ -8,7 +8,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -138,6 +140,39 @@ TEST_F(RobustMutexTest, ReregisteringAnExistingRobustListChangesNothing) {
   HeldMutex held;
   held.Hold(mutex_, page_, kPageBytes);
   EXPECT_TRUE(held.Release());
+}
+
+// A child made with the clone system call itself (not glibc's fork) by a
+// thread that holds a robust mutex: the kernel knows no list for it, and
+// glibc's list, which its copy of the thread still has, runs through the
+// held mutex before it reaches the thread's list head. ReregisterRobustList
+// follows it there (to the parent's head, at the same address), and the
+// mutexes the child takes pass HeldMutex's check.
+TEST_F(RobustMutexTest, RawCloneChildOfAHolderFindsItsRobustListHead) {
+  pthread_mutex_t* other = mutex_ + 1;
+  ASSERT_TRUE(InitRobustMutex(other).ok());
+  void* parent_head = nullptr;
+  size_t len = 0;
+  ASSERT_EQ(syscall(SYS_get_robust_list, 0, &parent_head, &len), 0);
+  ASSERT_EQ(pthread_mutex_lock(mutex_), 0);
+  const pid_t pid = static_cast<pid_t>(
+      syscall(SYS_clone, SIGCHLD, nullptr, nullptr, nullptr, 0));
+  if (pid == 0) {
+    void* head = nullptr;
+    TRAFFICRATE_CHILD_CHECK(syscall(SYS_get_robust_list, 0, &head, &len) == 0 &&
+                            head == nullptr);
+    ReregisterRobustList();
+    TRAFFICRATE_CHILD_CHECK(syscall(SYS_get_robust_list, 0, &head, &len) == 0 &&
+                            head == parent_head);
+    TRAFFICRATE_CHILD_CHECK(TimedLock(other, kWaitNs) == 0);
+    HeldMutex held;
+    held.Hold(other, page_, kPageBytes);
+    TRAFFICRATE_CHILD_CHECK(held.Release());
+    _exit(0);
+  }
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(ExitedWith(WaitChild(pid), 0));
+  EXPECT_EQ(pthread_mutex_unlock(mutex_), 0);
 }
 
 }  // namespace
