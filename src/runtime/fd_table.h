@@ -194,38 +194,6 @@ class ShareGenerations {
 static_assert(std::is_trivially_copyable_v<ShareGenerations> &&
               sizeof(ShareGenerations) == sizeof(uint64_t));
 
-// The old spellings of FdState and ShareGenerations, kept only while
-// governor.h, governor.cc and governor_budget.cc (being split into several
-// files) and their tests still use them: they go once those use the types.
-// New code uses FdState and ShareGenerations.
-inline constexpr uint64_t kNeverApplied =
-    ShareGenerations::NeverApplied().word();
-inline constexpr uint64_t kRegisterPending = FdState::Pending().word();
-inline uint64_t PackState(uint32_t conn_index, uint32_t cookie) {
-  return FdState::Conn(conn_index, cookie).word();
-}
-inline uint32_t StateConn(uint64_t state) {
-  return FdState::From(state).conn();
-}
-inline uint32_t StateCookie(uint64_t state) {
-  return FdState::From(state).cookie();
-}
-inline uint64_t KeptDrainState(uint32_t slot) {
-  return FdState::KeptDrain(slot).word();
-}
-inline bool IsKeptDrain(uint64_t state) {
-  return FdState::From(state).kept_drain();
-}
-inline uint32_t KeptDrainSlot(uint64_t state) {
-  return FdState::From(state).drain_slot();
-}
-inline uint64_t PendingGroupState(int first_fd) {
-  return FdState::PendingGroup(first_fd).word();
-}
-inline bool IsRegisterPending(uint64_t state) {
-  return FdState::From(state).pending();
-}
-
 class FdTable {
  public:
   // Reserves address space for `capacity` entries (zero-filled pages are

@@ -63,7 +63,9 @@ struct WatcherTiming {
   const Clock* clock = &MonotonicClock();
   // False (tests): the watcher claims the process slot in the caller of
   // Watcher::EnsureStarted and runs no thread; the test calls the duties
-  // itself, at the times its clock says.
+  // itself, at the times its clock says. The claim waits for the zone lock
+  // as long as it is held, and the slot's liveness mutex then belongs to
+  // the claiming thread: the process looks dead once that thread ends.
   bool run_thread = true;
 };
 

@@ -97,20 +97,6 @@ TEST(FdStateTest, PendingAloneAndOfAGroupRoundTripTheirFirstFd) {
   EXPECT_FALSE(FdState::From(alone.word() - 1).pending());
 }
 
-TEST(FdStateTest, OldSpellingsAreTheSameWords) {
-  // Kept for governor*.cc until they use FdState (fd_table.h).
-  EXPECT_EQ(PackState(6, 9), FdState::Conn(6, 9).word());
-  EXPECT_EQ(StateConn(FdState::Conn(6, 9).word()), 6u);
-  EXPECT_EQ(StateCookie(FdState::Conn(6, 9).word()), 9u);
-  EXPECT_EQ(KeptDrainState(4), FdState::KeptDrain(4).word());
-  EXPECT_TRUE(IsKeptDrain(FdState::KeptDrain(4).word()));
-  EXPECT_EQ(KeptDrainSlot(FdState::KeptDrain(4).word()), 4u);
-  EXPECT_EQ(kRegisterPending, FdState::Pending().word());
-  EXPECT_EQ(PendingGroupState(3), FdState::PendingGroup(3).word());
-  EXPECT_TRUE(IsRegisterPending(FdState::PendingGroup(3).word()));
-  EXPECT_EQ(kNeverApplied, ShareGenerations::NeverApplied().word());
-}
-
 TEST(ShareGenerationsTest, RoundTripsBothGenerations) {
   const ShareGenerations token = ShareGenerations::Of(7, 0xfffffffeu);
   EXPECT_EQ(token.word(), uint64_t{7} << 32 | 0xfffffffeu);

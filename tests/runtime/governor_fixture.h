@@ -188,6 +188,7 @@ class GovernorFixture : public ZoneNameFixture {
   // TRAFFICRATE_EXEMPT), after_bytes (TRAFFICRATE_AFTER) and the rest. The
   // clock and run_thread are the fixture's (Driven).
   void StartGovernor(const GovernorOptions& options) {
+    zone_->UseClock(&clock_);
     gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
                                       Driven(options));
   }
@@ -197,6 +198,7 @@ class GovernorFixture : public ZoneNameFixture {
   void StartLiveGovernor(GovernorOptions options) {
     options.clock = &MonotonicClock();
     options.run_thread = true;
+    zone_->UseClock(&MonotonicClock());
     gov_ = std::make_unique<Governor>(zone_.get(), table_.get(), &logger_,
                                       options);
   }
@@ -326,7 +328,7 @@ class GovernorFixture : public ZoneNameFixture {
 
   uint32_t ConnIndex(int fd) const {
     const uint64_t state = table_->Get(fd)->state.load();
-    return state == 0 ? kNoSlot : StateConn(state);
+    return state == 0 ? kNoSlot : FdState::From(state).conn();
   }
   const ConnSlotShm& ConnOf(int fd) const {
     return zone_->conns().slot(ConnIndex(fd));

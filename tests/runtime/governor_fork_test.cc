@@ -410,8 +410,9 @@ TEST_F(GovernorForkTest,
     for (int i = 0; i < kSockets; ++i) {
       const uint64_t state = table_->Get(server[i].load())->state.load();
       ASSERT_NE(state, 0u) << "socket " << i << " lost its registration";
-      const ConnSlotShm& c = zone_->conns().slot(StateConn(state));
-      EXPECT_EQ(ConnTable::CookieOf(c.seq.load()), StateCookie(state));
+      const ConnSlotShm& c = zone_->conns().slot(FdState::From(state).conn());
+      EXPECT_EQ(ConnTable::CookieOf(c.seq.load()),
+                FdState::From(state).cookie());
       EXPECT_EQ(c.fd.load(), server[i].load());
       EXPECT_EQ(c.proc_index.load(), gov_->proc_index());
     }
@@ -542,8 +543,9 @@ TEST_F(GovernorForkTest,
     for (int i = 0; i < kSockets; ++i) {
       const uint64_t state = table_->Get(server[i])->state.load();
       ASSERT_NE(state, 0u) << "socket " << i << " lost its registration";
-      const ConnSlotShm& c = zone_->conns().slot(StateConn(state));
-      EXPECT_EQ(ConnTable::CookieOf(c.seq.load()), StateCookie(state));
+      const ConnSlotShm& c = zone_->conns().slot(FdState::From(state).conn());
+      EXPECT_EQ(ConnTable::CookieOf(c.seq.load()),
+                FdState::From(state).cookie());
       EXPECT_EQ(c.proc_index.load(), gov_->proc_index());
     }
     std::vector<uint32_t> refs(zone_->keys().capacity(), 0);

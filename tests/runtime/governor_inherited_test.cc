@@ -88,7 +88,7 @@ TEST_F(GovernorInheritedTest,
   helper.AfterSend(c.server, sent);
   ASSERT_EQ(sent, 1);
   EXPECT_EQ(ConnsUsed(), 1u) << "counted once";
-  EXPECT_EQ(StateConn(table->Get(c.server)->state.load()), conn);
+  EXPECT_EQ(FdState::From(table->Get(c.server)->state.load()).conn(), conn);
   EXPECT_EQ(zone_->conns().slot(conn).proc_index.load(), helper.proc_index())
       << "the sender owns it";
   EXPECT_EQ(zone_->conns().slot(conn).active.load(), 1u);

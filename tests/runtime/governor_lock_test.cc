@@ -50,7 +50,8 @@ TEST_F(GovernorLockTest, ConnectionsPassThroughWhileTheLockIsHeldAndCatchUp) {
   int64_t start = MonotonicNowNs();
   Conn second = Open("127.0.0.3");
   EXPECT_LT(ElapsedNs(start), kHostLockWaitNs + kLockSlackNs);
-  EXPECT_EQ(table_->Get(second.server)->state.load(), kRegisterPending);
+  EXPECT_EQ(table_->Get(second.server)->state.load(),
+            FdState::Pending().word());
   start = MonotonicNowNs();
   Conn third = Open("127.0.0.3");
   for (int i = 0; i < 50; ++i) ASSERT_GT(Send(second.server), 0);

@@ -135,7 +135,8 @@ TEST_F(GovernorPassTest, PassedSocketIsGovernedByItsReceiverAndCountedOnce) {
   ASSERT_GE(received_, 0);
   const uint64_t state = OtherState(received_);
   ASSERT_NE(state, 0u) << "the received socket is governed";
-  EXPECT_EQ(StateConn(state), conn) << "the same registration, not a new one";
+  EXPECT_EQ(FdState::From(state).conn(), conn)
+      << "the same registration, not a new one";
   const uint32_t receiver = other_->proc_index();
   ASSERT_NE(receiver, kNoSlot);
   EXPECT_NE(receiver, gov_->proc_index());
@@ -165,7 +166,7 @@ TEST_F(GovernorPassTest, SenderClosingBeforeTheReceiveKeepsTheRegistration) {
   received_ = Receive();
   ASSERT_GE(received_, 0);
   ASSERT_NE(OtherState(received_), 0u);
-  EXPECT_EQ(StateConn(OtherState(received_)), conn);
+  EXPECT_EQ(FdState::From(OtherState(received_)).conn(), conn);
   ASSERT_EQ(SendReceived(), 100);
   EXPECT_EQ(Pacing(received_), kRate);
   // Expiry does not touch what was received.

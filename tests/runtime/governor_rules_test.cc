@@ -151,7 +151,7 @@ TEST_F(GovernorRulesTest, ReloadReadsTheFileAgainForNewConnections) {
   // first send after the reload.
   const Conn early = Open("127.0.0.4");
   ASSERT_GE(early.server, 0);
-  EXPECT_EQ(table_->Get(early.server)->state.load(), kRegisterPending);
+  EXPECT_EQ(table_->Get(early.server)->state.load(), FdState::Pending().word());
   ASSERT_TRUE(gov_->CheckZone(Now()));
   EXPECT_EQ(Send(early.server), 100);
   const uint32_t slow = zone_->settings().FindRule("slow");

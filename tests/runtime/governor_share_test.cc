@@ -60,8 +60,10 @@ TEST_F(GovernorShareTest, BeforeSendGivesTheShaperItsShape) {
   ASSERT_LT(kRate, kShapeBelowBytesPerSec);
   EXPECT_EQ(
       shape.piece,
-      PieceBytes(kRate,
-                 VaryIndex(StateConn(table_->Get(c.server)->state.load()))));
+      PieceBytes(
+          kRate,
+          VaryIndex(
+              FdState::From(table_->Get(c.server)->state.load()).conn())));
   EXPECT_EQ(shape.first_left, kFirstPieces);
   EXPECT_GT(shape.mss, 0u);
   gov_->UsedFirstPieces(c.server, 4);
@@ -74,8 +76,10 @@ TEST_F(GovernorShareTest, BeforeSendGivesTheShaperItsShape) {
   const Shape half = gov_->BeforeSend(c2.server);
   EXPECT_EQ(
       half.piece,
-      PieceBytes(kRate / 2,
-                 VaryIndex(StateConn(table_->Get(c2.server)->state.load()))));
+      PieceBytes(
+          kRate / 2,
+          VaryIndex(
+              FdState::From(table_->Get(c2.server)->state.load()).conn())));
 }
 
 TEST_F(GovernorShareTest, ShaperOffGivesNoShape) {

@@ -20,11 +20,13 @@
 #include "src/net/key.h"
 #include "src/shm/zone.h"
 #include "src/shm/zone_layout.h"
+#include "tests/base/fake_clock.h"
 #include "tests/shm/zone_fixture.h"
 
 namespace trafficrate {
 namespace {
 
+using testing_util::FakeClock;
 using testing_util::kRate;
 using testing_util::MakeKey;
 
@@ -181,6 +183,47 @@ TEST_F(ZoneSettingsTest, AKeysRateIsItsClusterShareWhileTheAgentBeats) {
   beat.store(MonotonicNowNs());
   key.cluster_share.store(2 * kRate);
   EXPECT_EQ(settings.KeyRate(key), kRate) << "never above the rule's rate";
+}
+
+// The beat's age is read on the zone's clock (Zone::UseClock): the share
+// holds until the clock has moved kClusterStaleNs past the beat, whatever
+// the real time.
+TEST_F(ZoneSettingsTest, TheClusterBeatAgesOnTheZonesClock) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  FakeClock clock;
+  zone->UseClock(&clock);
+  KeySlotShm& key = zone->keys().slot(0);
+  key.cluster_share.store(kRate / 4);
+  zone->settings().cluster().beat_ns.store(clock.NowNs());
+  EXPECT_EQ(zone->settings().KeyRate(key), kRate / 4);
+  clock.AdvanceNs(kClusterStaleNs);
+  EXPECT_EQ(zone->settings().KeyRate(key), kRate / 4) << "just fresh";
+  clock.AdvanceNs(1);
+  EXPECT_EQ(zone->settings().KeyRate(key), kRate) << "stale by a nanosecond";
+}
+
+// A join's and a leave's stamp of the key (KeySlotShm::last_active_ns) is
+// the zone's clock's time.
+TEST_F(ZoneSettingsTest, AJoinStampsItsKeyOnTheZonesClock) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  FakeClock clock(12'345 * kNsPerMs);
+  zone->UseClock(&clock);
+  ZoneLock lock(*zone);
+  ASSERT_TRUE(lock.ok());
+  const uint32_t k =
+      zone->keys().FindOrInsertLocked(MakeKey(7).bytes, clock.NowNs());
+  ASSERT_NE(k, kNoSlot);
+  const uint32_t c =
+      zone->conns().RegisterLocked(k, 0, 3, testing_util::kPeer, 80);
+  ASSERT_NE(c, kNoSlot);
+  clock.AdvanceNs(kNsPerSec);
+  ASSERT_TRUE(zone->conns().JoinLocked(c));
+  EXPECT_EQ(zone->keys().slot(k).last_active_ns.load(), 13'345 * kNsPerMs);
+  clock.AdvanceNs(kNsPerSec);
+  ASSERT_TRUE(zone->conns().LeaveLocked(c));
+  EXPECT_EQ(zone->keys().slot(k).last_active_ns.load(), 14'345 * kNsPerMs);
 }
 
 TEST_F(ZoneSettingsTest, TheBudgetSettingsStayWithinWhatTheVariablesAccept) {
