@@ -48,18 +48,19 @@ if ((!quick)); then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2
 
-  stage "zone and its parts, fd table, governor, snapshot, cluster agent and listen watch tests under ThreadSanitizer"
+  stage "zone and its parts, fd table, local conns, governor, snapshot, cluster agent and listen watch tests under ThreadSanitizer"
   # Only the test programs that hold these suites, and only these suites of
   # them (GTEST_FILTER).
   tsan_tests=(zone zone_layout zone_segment robust_mutex change_word key_table
               conn_table handoff_table proc_table zone_settings zone_repair
-              fd_table governor governor_pass governor_lock snapshot
-              cluster_agent bypass_watch)
+              fd_table local_conns governor governor_pass governor_lock
+              snapshot cluster_agent bypass_watch)
   tsan_suites=(ZoneTest ZoneLayoutTest ZoneLockTest ZoneSegmentTest
                RobustMutexTest ChangeWordTest KeyTableTest ConnTableTest
                HandoffTableTest ProcTableTest ZoneSettingsTest ZoneRepairTest
-               FdTableTest GovernorTest GovernorRestTest GovernorPassTest
-               GovernorLockTest SnapshotTest ClusterAgentTest BypassWatchTest)
+               FdTableTest LocalConnsTest GovernorTest GovernorRestTest
+               GovernorPassTest GovernorLockTest SnapshotTest ClusterAgentTest
+               BypassWatchTest)
   cmake -S "$TRAFFICRATE_ROOT" -B "$TRAFFICRATE_ROOT/build-tsan" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAFFICRATE_SANITIZE=thread \
     "${sanitizer_flags[@]}" >/dev/null
