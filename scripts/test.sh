@@ -48,19 +48,19 @@ if ((!quick)); then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j2
 
-  stage "zone and its parts, fd table, governor, snapshot, cluster agent and listen watch tests under ThreadSanitizer"
+  stage "zone and its parts, fd table, local conns, governor, snapshot, cluster agent and listen watch tests under ThreadSanitizer"
   # Only the test programs that hold these suites, and only these suites of
   # them (GTEST_FILTER).
   tsan_tests=(zone zone_layout zone_segment robust_mutex change_word key_table
               conn_table handoff_table proc_table zone_settings zone_repair
-              fd_table governor_accept governor_share governor_idle
-              governor_fd governor_budget governor_after governor_inherited
-              governor_live governor_pass governor_lock governor_fork snapshot
-              cluster_agent bypass_watch)
+              fd_table local_conns governor_accept governor_share
+              governor_idle governor_fd governor_budget governor_after
+              governor_inherited governor_live governor_pass governor_lock
+              governor_fork snapshot cluster_agent bypass_watch)
   tsan_suites=(ZoneTest ZoneLayoutTest ZoneLockTest ZoneSegmentTest
                RobustMutexTest ChangeWordTest KeyTableTest ConnTableTest
                HandoffTableTest ProcTableTest ZoneSettingsTest ZoneRepairTest
-               FdTableTest GovernorAcceptTest GovernorShareTest
+               FdTableTest LocalConnsTest GovernorAcceptTest GovernorShareTest
                GovernorIdleTest GovernorRestTest GovernorFdTest
                GovernorBudgetTest GovernorAfterTest GovernorInheritedTest
                GovernorLiveTest GovernorPassTest GovernorLockTest

@@ -1,8 +1,8 @@
 // The metering model: what the watcher knows of one connection's sending,
 // from the kernel's counts taken at spaced measurements, and its estimate in
 // between. Pure: the counts, the pacing and the time come in as arguments.
-// The Governor meters real sockets with it (src/runtime/governor_budget.cc);
-// the budget controller's simulation (tests/budget/budget_test.cc) meters
+// The Governor meters real sockets with it (src/runtime/budget_ticks.cc);
+// the budget controller's simulation (tests/budget/budget_sim.h) meters
 // its simulated connections with the same code.
 //
 //   ConnMeter meter;  // per connection; Reset() at its registration

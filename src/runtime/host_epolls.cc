@@ -25,6 +25,7 @@ void HostEpolls::Add(int epfd) {
 }
 
 bool HostEpolls::Has(int fd) const {
+  if (fd < 0) return false;  // a free slot holds 0, which is -1 + 1
   for (const std::atomic<int32_t>& epoll : epolls_) {
     if (epoll.load(std::memory_order_relaxed) == fd + 1) return true;
   }

@@ -8,7 +8,7 @@
 // Cases, each with writes of 0 bytes, 1 byte and 16 KiB:
 //   {send,write}/raw            the libc call alone, on the governed socket;
 //   {send,write}/governed       Governor::BeforeSend + the call + AfterSend,
-//                               as lib/interpose.cc's Send() does, with the
+//                               as lib/interpose.h's Send() does, with the
 //                               key's generation unchanged (the fast path);
 //   send/{raw,governed,share_change}_manual
 //                               timed per call with CLOCK_MONOTONIC around
@@ -260,7 +260,7 @@ void BM_Interposed(benchmark::State& state, Call call) {
   }
 }
 
-// {send,write}/governed: what lib/interpose.cc's Send() does around the
+// {send,write}/governed: what lib/interpose.h's Send() does around the
 // call, on the fast path.
 void BM_Governed(benchmark::State& state, Call call) {
   const int fd = g_rig->fd();

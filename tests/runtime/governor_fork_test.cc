@@ -115,7 +115,7 @@ pid_t RawClone() {
 }
 
 // The child's first interposed call finds the process token wiped (the test
-// plays lib/interpose.cc's ActiveGovernor) and sets the process up as the
+// plays lib/interpose.h's ActiveGovernor) and sets the process up as the
 // atfork handler would: its own watcher, its own slot, under its own pid.
 TEST_F(GovernorForkTest, RawCloneChildIsRecognisedAndTakesOwnership) {
   // No thread in either process (ThreadSanitizer supports this clone).
@@ -490,7 +490,7 @@ TEST_F(GovernorForkTest,
       const int i = round % kSpares;
       const int from = server[(round / kSpares) % kSockets];
       std::lock_guard<std::mutex> hold(spare_mu[i]);
-      // The dup2 interposer (lib/interpose.cc, Replace).
+      // The dup2 interposer (lib/interpose_fds.cc, Replace).
       const uint64_t detached = gov_->Detach(spare[i]);
       if (dup2(from, spare[i]) < 0) {
         gov_->Reattach(spare[i], detached);

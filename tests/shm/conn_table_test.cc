@@ -1,11 +1,13 @@
 // The connection table: registering, joining and leaving (the key's
 // generation moves only on a change), cookies, indices out of range and a
 // full table refused, the under-pace count of budget mode, the level set at
-// once on a budget join, finding another process's registration and moving
-// a connection to another process.
+// once on a budget join, finding another process's registration, moving
+// a connection to another process, and counting what left a connection
+// into its key.
 
 #include "src/shm/conn_table.h"
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -265,6 +267,82 @@ TEST_F(ConnTableTest, ABudgetJoinStartsUnpacedAndSetsTheLevelAtOnce) {
   conns.slot(first).bytes_sent.store(1);
   ASSERT_TRUE(conns.JoinLocked(first));
   EXPECT_EQ(key.start_pending.load(), kUnpacedStartBytes);
+}
+
+// Budget mode: an owner counts what has left its connection's socket in
+// all; its key's sent_bytes gets only what is new since the last count, a
+// smaller total (a measurement older than the last) adds nothing, and a
+// key index out of range (the segment is not trusted) reaches no key.
+TEST_F(ConnTableTest, CountLeftAddsOnlyWhatIsNewToTheKey) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ConnTable& conns = zone->conns();
+  uint32_t c1 = kNoSlot, c2 = kNoSlot, other = kNoSlot;
+  {
+    ZoneLock lock(*zone);
+    ASSERT_TRUE(lock.ok());
+    const std::array<uint32_t, 2> both = RegisterEachLocked<2>(*zone, 9);
+    c1 = both[0];
+    c2 = both[1];
+    other = RegisterLocked(*zone, 10, 0);
+  }
+  ASSERT_NE(c1, kNoSlot);
+  ASSERT_NE(c2, kNoSlot);
+  ASSERT_NE(other, kNoSlot);
+  ConnSlotShm& conn = conns.slot(c1);
+  KeySlotShm& key = zone->keys().slot(conn.key_index.load());
+  KeySlotShm& other_key = zone->keys().slot(conns.slot(other).key_index.load());
+  ASSERT_NE(&key, &other_key);
+  EXPECT_EQ(key.sent_bytes.load(), 0u);
+  conns.CountLeft(conn, 1000);
+  EXPECT_EQ(key.sent_bytes.load(), 1000u);
+  EXPECT_EQ(conn.bytes_left.load(), 1000u);
+  conns.CountLeft(conn, 1500);
+  EXPECT_EQ(key.sent_bytes.load(), 1500u) << "only the 500 new bytes";
+  EXPECT_EQ(conn.bytes_left.load(), 1500u);
+  // The same total again, or a smaller one: nothing.
+  conns.CountLeft(conn, 1500);
+  conns.CountLeft(conn, 1200);
+  conns.CountLeft(conn, 0);
+  EXPECT_EQ(key.sent_bytes.load(), 1500u);
+  EXPECT_EQ(conn.bytes_left.load(), 1500u) << "a smaller total is ignored";
+  // Another connection of the key adds its own.
+  conns.CountLeft(conns.slot(c2), 700);
+  EXPECT_EQ(key.sent_bytes.load(), 2200u);
+  conns.CountLeft(conn, 2000);
+  EXPECT_EQ(key.sent_bytes.load(), 2700u);
+  EXPECT_EQ(other_key.sent_bytes.load(), 0u) << "other keys untouched";
+  // Large totals: the difference, not the total, is added.
+  conns.CountLeft(conn, uint64_t{1} << 40);
+  EXPECT_EQ(key.sent_bytes.load(), (uint64_t{1} << 40) + 700);
+}
+
+TEST_F(ConnTableTest, CountLeftWithAKeyIndexOutOfRangeReachesNoKey) {
+  std::unique_ptr<Zone> zone = Open();
+  ASSERT_NE(zone, nullptr);
+  ConnTable& conns = zone->conns();
+  uint32_t c = kNoSlot, other = kNoSlot;
+  {
+    ZoneLock lock(*zone);
+    ASSERT_TRUE(lock.ok());
+    c = RegisterLocked(*zone, 1, 0);
+    other = RegisterLocked(*zone, 2, 0);
+  }
+  ASSERT_NE(c, kNoSlot);
+  ASSERT_NE(other, kNoSlot);
+  const uint32_t k = conns.slot(c).key_index.load();
+  // Another process wrote garbage over the slot's key index.
+  for (const uint32_t bad : {zone->keys().capacity(), kNoSlot}) {
+    conns.slot(c).key_index.store(bad);
+    conns.CountLeft(conns.slot(c), conns.slot(c).bytes_left.load() + 4096);
+    for (uint32_t i = 0; i < zone->keys().capacity(); ++i) {
+      ASSERT_EQ(zone->keys().slot(i).sent_bytes.load(), 0u) << bad << " " << i;
+    }
+  }
+  // Set right again, it counts what is new from there on.
+  conns.slot(c).key_index.store(k);
+  conns.CountLeft(conns.slot(c), conns.slot(c).bytes_left.load() + 100);
+  EXPECT_EQ(zone->keys().slot(k).sent_bytes.load(), 100u);
 }
 
 }  // namespace
