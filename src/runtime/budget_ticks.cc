@@ -49,8 +49,7 @@ int64_t BudgetTicks::Tick(int64_t now_ns) {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
-      continue;
+    if (!IsConnState(state)) continue;
     ++governed;
     const uint32_t visit = entry.visit_tick.load(std::memory_order_relaxed);
     if (visit != 0 && static_cast<int32_t>(tick_ - visit) < 0) {

@@ -47,8 +47,7 @@ int FdPassing::BeforePass(const msghdr* msg) {
     FdEntry* entry = table_->Get(fd);
     if (entry == nullptr) return;
     const uint64_t state = entry->state.load(std::memory_order_acquire);
-    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
-      return;
+    if (!IsConnState(state)) return;
     const uint64_t inode = SocketInode(fd);
     if (inode == 0) return;
     const uint32_t index = FdState::From(state).conn();

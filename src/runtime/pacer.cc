@@ -104,8 +104,7 @@ void Pacer::ApplyChanged() const {
   for (int fd = 0; fd < high_water; ++fd) {
     FdEntry& entry = *table_->Get(fd);
     const uint64_t state = entry.state.load(std::memory_order_acquire);
-    if (state == 0 || FdState::From(state).conn() >= zone_->conns().capacity())
-      continue;
+    if (!IsConnState(state)) continue;
     const ConnSlotShm& conn = zone_->conns().slot(FdState::From(state).conn());
     if (!ConnValid(conn, state) ||
         !conn.active.load(std::memory_order_relaxed) ||

@@ -1,10 +1,9 @@
 #include "src/runtime/registry.h"
 
-#include <linux/sockios.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include "src/budget/shaper.h"
+#include "src/net/send_queue.h"
 #include "src/runtime/classify.h"
 
 namespace trafficrate {
@@ -146,8 +145,7 @@ void Registry::RegisterPending() {
     FdTable::Unpin(entry);
     if (state == FdState::Pending().word()) {
       pending_maybe_.store(true, std::memory_order_release);  // next loop
-    } else if (state != 0 &&
-               FdState::From(state).conn() < zone_->conns().capacity()) {
+    } else if (IsConnState(state)) {
       // It was sending all along: it joins now, not at its next send,
       // which a full socket may put off for seconds.
       JoinSlow(fd, entry, state);
@@ -177,7 +175,7 @@ void Registry::RetryRegister(int fd, FdEntry& entry, uint64_t pending) {
   }
   if (pending != FdState::Pending().word()) SettleGroup(fd, entry, pending);
   const uint64_t state = entry.state.load(std::memory_order_acquire);
-  if (state != 0 && FdState::From(state).conn() < zone_->conns().capacity()) {
+  if (IsConnState(state)) {
     JoinSlow(fd, entry, state);
   }
 }
@@ -218,8 +216,8 @@ bool Registry::PastAfter(int fd, const ConnSlotShm& conn) const {
   if (queued < after) return false;
   // Queued is not sent: a share set now would pace what still waits in the
   // socket, first bytes included. Count only what has left it.
-  int unsent = 0;
-  if (ioctl(fd, SIOCOUTQNSD, &unsent) != 0 || unsent < 0) return true;
+  const int64_t unsent = UnsentBytes(fd);
+  if (unsent < 0) return true;
   return queued - static_cast<uint64_t>(unsent) >= after;
 }
 
